@@ -1,0 +1,166 @@
+"""The Mask protocol and its combinators (&, |, ~).
+
+A mask says which (query i, key j) pairs may attend: True = may attend, as in SDPA's bool masks.
+Every mask can
+
+- evaluate any block of rows and columns (`block`), which is all a kernel needs for one tile;
+- build the whole bool matrix (`to_dense`), shape (Bm, Hm, L, S) with Bm, Hm in {1, B}, {1, H};
+- classify each (query-block, key-block) tile as EMPTY, FULL or PARTIAL (`tiles`) from interval
+  arithmetic, without building the L×S matrix, so a tiled kernel can skip empty tiles and do no mask
+  work on full ones.
+
+Caution: tile classes of `&`, `|` are conservative: a tile they call PARTIAL may turn out empty or
+full when evaluated; EMPTY and FULL are always exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def block_bounds(n: int, size: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last (inclusive) index of each block of `size` covering range(n)."""
+    lo = torch.arange(0, n, size, device=device)
+    hi = torch.clamp(lo + size - 1, max=n - 1)
+    return lo, hi
+
+
+def classify(full: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+    """int8 tile classes from two bool tensors of the same shape; `full` wins ties never arise."""
+    out = torch.full(full.shape, PARTIAL, dtype=torch.int8, device=full.device)
+    out[full] = FULL
+    out[empty] = EMPTY
+    return out
+
+
+def as_4d(x: torch.Tensor) -> torch.Tensor:
+    """Give a (..., L, S)-like tensor exactly 4 dims (Bm, Hm, ., .) by adding leading 1s."""
+    while x.dim() < 4:
+        x = x.unsqueeze(0)
+    return x
+
+
+class Mask:
+    """Base class of structured masks. Subclasses implement `_block` and `_tiles`."""
+
+    #: size of the batch dim this mask depends on (1 = same for every batch element)
+    batch_size: int = 1
+    #: number of heads this mask depends on (1 = same for every head)
+    heads: int = 1
+
+    # -- what subclasses implement -------------------------------------------------------------
+    def _block(self, rows: torch.Tensor, cols: torch.Tensor, L: int, S: int) -> torch.Tensor:
+        """bool (Bm|1, Hm|1, len(rows), len(cols)) for these row and column indices."""
+        raise NotImplementedError
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L: int, S: int) -> torch.Tensor:
+        """int8 classes, broadcastable to (Bm, Hm, nQ, nK); q_* are (nQ, 1), k_* are (1, nK)."""
+        raise NotImplementedError
+
+    def check(self, L: int, S: int) -> None:
+        """Raise AttnlabError if this mask cannot describe an L×S score matrix."""
+
+    # -- public API ----------------------------------------------------------------------------
+    def block(self, rows, cols, L: int, S: int) -> torch.Tensor:
+        """bool (Bm, Hm, len(rows), len(cols)): the mask at these query rows and key columns."""
+        out = as_4d(self._block(rows, cols, L, S))
+        return out.expand(self.batch_size, self.heads, len(rows), len(cols))
+
+    def to_dense(self, L: int, S: int, device=None) -> torch.Tensor:
+        """bool (Bm, Hm, L, S): True where query i may attend to key j."""
+        rows = torch.arange(L, device=device)
+        cols = torch.arange(S, device=device)
+        return self.block(rows, cols, L, S)
+
+    def tiles(self, L: int, S: int, block_q: int, block_k: int, device=None) -> torch.Tensor:
+        """int8 (Bm, Hm, ceil(L/block_q), ceil(S/block_k)): EMPTY=0, PARTIAL=1, FULL=2 per tile."""
+        q_lo, q_hi = block_bounds(L, block_q, device)
+        k_lo, k_hi = block_bounds(S, block_k, device)
+        t = as_4d(self._tiles(q_lo[:, None], q_hi[:, None], k_lo[None, :], k_hi[None, :], L, S))
+        return t.expand(self.batch_size, self.heads, len(q_lo), len(k_lo))
+
+    def __and__(self, other: Mask) -> Mask:
+        return And(self, _as_mask(other))
+
+    def __or__(self, other: Mask) -> Mask:
+        return Or(self, _as_mask(other))
+
+    def __invert__(self) -> Mask:
+        return Not(self)
+
+
+def _as_mask(x) -> Mask:
+    if isinstance(x, Mask):
+        return x
+    from attnlab.errors import AttnlabError
+
+    raise AttnlabError(f"mask: can only combine with another attnlab mask, got {type(x).__name__}")
+
+
+def _joint_size(a: int, b: int, what: str) -> int:
+    if a != b and 1 not in (a, b):
+        from attnlab.errors import AttnlabError
+
+        raise AttnlabError(f"mask: cannot combine masks over {a} and {b} {what}")
+    return max(a, b)
+
+
+class _Binary(Mask):
+    op = "?"
+
+    def __init__(self, a: Mask, b: Mask):
+        self.a, self.b = a, b
+        self.batch_size = _joint_size(a.batch_size, b.batch_size, "batch elements")
+        self.heads = _joint_size(a.heads, b.heads, "heads")
+
+    def check(self, L, S):
+        self.a.check(L, S)
+        self.b.check(L, S)
+
+    def __repr__(self):
+        return f"({self.a!r} {self.op} {self.b!r})"
+
+
+class And(_Binary):
+    op = "&"
+
+    def _block(self, rows, cols, L, S):
+        return as_4d(self.a._block(rows, cols, L, S)) & as_4d(self.b._block(rows, cols, L, S))
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        ta = as_4d(self.a._tiles(q_lo, q_hi, k_lo, k_hi, L, S))
+        tb = as_4d(self.b._tiles(q_lo, q_hi, k_lo, k_hi, L, S))
+        return classify((ta == FULL) & (tb == FULL), (ta == EMPTY) | (tb == EMPTY))
+
+
+class Or(_Binary):
+    op = "|"
+
+    def _block(self, rows, cols, L, S):
+        return as_4d(self.a._block(rows, cols, L, S)) | as_4d(self.b._block(rows, cols, L, S))
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        ta = as_4d(self.a._tiles(q_lo, q_hi, k_lo, k_hi, L, S))
+        tb = as_4d(self.b._tiles(q_lo, q_hi, k_lo, k_hi, L, S))
+        return classify((ta == FULL) | (tb == FULL), (ta == EMPTY) & (tb == EMPTY))
+
+
+class Not(Mask):
+    def __init__(self, a: Mask):
+        self.a = a
+        self.batch_size, self.heads = a.batch_size, a.heads
+
+    def check(self, L, S):
+        self.a.check(L, S)
+
+    def _block(self, rows, cols, L, S):
+        return ~self.a._block(rows, cols, L, S)
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        t = self.a._tiles(q_lo, q_hi, k_lo, k_hi, L, S)
+        return (FULL - t).to(torch.int8)  # EMPTY <-> FULL, PARTIAL stays
+
+    def __repr__(self):
+        return f"~{self.a!r}"

@@ -1,0 +1,113 @@
+"""Masks that depend only on positions: causal, sliding_window, prefix_lm.
+
+Alignment: with L queries and S keys, `align="top_left"` lets query i see key j <= i (SDPA's
+`is_causal=True`); `align="bottom_right"` shifts the diagonal by S - L so the last query sees the
+last key, which is what decoding with a KV cache needs (L new queries after S - L cached keys).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.errors import AttnlabError, check_choice
+from attnlab.masks.base import Mask, classify
+
+ALIGNS = ("top_left", "bottom_right")
+
+
+def _offset(align: str, L: int, S: int) -> int:
+    return 0 if align == "top_left" else S - L
+
+
+class Causal(Mask):
+    """Query i sees keys j <= i (+ offset): no peeking ahead."""
+
+    def __init__(self, align: str = "top_left"):
+        check_choice("align", align, ALIGNS)
+        self.align = align
+
+    def _block(self, rows, cols, L, S):
+        off = _offset(self.align, L, S)
+        return cols[None, :] <= rows[:, None] + off  # (Lb, Sb)
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        off = _offset(self.align, L, S)
+        return classify(k_hi <= q_lo + off, k_lo > q_hi + off)
+
+    def __repr__(self):
+        return f"causal(align={self.align!r})"
+
+
+class SlidingWindow(Mask):
+    """Query i sees keys j with i - size < j <= i (+ offset): the last `size` keys, itself included."""
+
+    def __init__(self, size: int, align: str = "top_left"):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise AttnlabError(f"size: expected a positive int window size, got {size!r}")
+        check_choice("align", align, ALIGNS)
+        self.size, self.align = size, align
+
+    def _block(self, rows, cols, L, S):
+        d = rows[:, None] + _offset(self.align, L, S) - cols[None, :]  # (Lb, Sb): how far back
+        return (d >= 0) & (d < self.size)
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        off = _offset(self.align, L, S)
+        # distance d = i + off - j over the tile ranges from (q_lo - k_hi) to (q_hi - k_lo)
+        d_min, d_max = q_lo + off - k_hi, q_hi + off - k_lo
+        return classify((d_min >= 0) & (d_max < self.size), (d_max < 0) | (d_min >= self.size))
+
+    def __repr__(self):
+        return f"sliding_window({self.size}, align={self.align!r})"
+
+
+class KeyPrefix(Mask):
+    """Every query sees keys j < prefix_length (per batch element when a sequence is given)."""
+
+    def __init__(self, prefix_length):
+        lengths = _lengths("prefix_length", prefix_length)
+        self.lengths = lengths  # (Bm,)
+        self.batch_size = lengths.numel()
+
+    def _block(self, rows, cols, L, S):
+        n = self.lengths.to(cols.device)[:, None, None, None]  # (Bm, 1, 1, 1)
+        return (cols[None, None, None, :] < n).expand(-1, 1, len(rows), len(cols))
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        n = self.lengths.to(k_lo.device)[:, None, None, None]
+        return classify((k_hi < n).expand(-1, 1, q_lo.shape[0], -1),
+                        (k_lo >= n).expand(-1, 1, q_lo.shape[0], -1))
+
+    def __repr__(self):
+        return f"key_prefix({self.lengths.tolist()})"
+
+
+def _lengths(name: str, x) -> torch.Tensor:
+    """A 1-D int64 tensor of non-negative lengths from an int, a sequence or a tensor."""
+    t = torch.as_tensor(x)
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise AttnlabError(f"{name}: expected integer lengths, got dtype {t.dtype}")
+    t = t.reshape(-1).to(torch.int64)
+    if t.numel() == 0:
+        raise AttnlabError(f"{name}: expected at least one length, got an empty sequence")
+    if (t < 0).any():
+        raise AttnlabError(f"{name}: expected lengths >= 0, got {t.tolist()}")
+    return t
+
+
+def causal(align: str = "top_left") -> Causal:
+    """Causal mask (no peeking ahead). `align="bottom_right"` for KV-cache decoding."""
+    return Causal(align)
+
+
+def sliding_window(size: int, align: str = "top_left") -> SlidingWindow:
+    """Causal local attention: query i sees keys j with i - size < j <= i."""
+    return SlidingWindow(size, align)
+
+
+def prefix_lm(prefix_length, align: str = "top_left") -> Mask:
+    """Prefix-LM: keys j < prefix_length are seen by all queries, the rest causally.
+
+    `prefix_length` is an int or one length per batch element.
+    """
+    return Causal(align) | KeyPrefix(prefix_length)

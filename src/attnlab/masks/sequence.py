@@ -1,0 +1,131 @@
+"""Masks that depend on the batch: padding (ragged lengths) and document (packed sequences)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.errors import AttnlabError, fmt_shape
+from attnlab.masks.base import Mask, classify
+from attnlab.masks.positional import _lengths
+
+
+class Padding(Mask):
+    """Key j is real when j < key_lengths[b]; query i is real when i < query_lengths[b].
+
+    A padded query row attends to nothing, so its output is 0 (never NaN).
+    """
+
+    def __init__(self, key_lengths=None, query_lengths=None):
+        if key_lengths is None and query_lengths is None:
+            raise AttnlabError("padding: pass key_lengths, query_lengths or both")
+        self.key_lengths = None if key_lengths is None else _lengths("key_lengths", key_lengths)
+        self.query_lengths = (
+            None if query_lengths is None else _lengths("query_lengths", query_lengths)
+        )
+        sizes = {t.numel() for t in (self.key_lengths, self.query_lengths) if t is not None}
+        if len(sizes) > 1 and 1 not in sizes:
+            raise AttnlabError(
+                f"padding: key_lengths has {self.key_lengths.numel()} entries but query_lengths "
+                f"has {self.query_lengths.numel()}; expected one per batch element"
+            )
+        self.batch_size = max(sizes)
+
+    def _limits(self, device):
+        big = torch.iinfo(torch.int64).max
+        kl = self.key_lengths if self.key_lengths is not None else torch.tensor([big])
+        ql = self.query_lengths if self.query_lengths is not None else torch.tensor([big])
+        return kl.to(device)[:, None, None, None], ql.to(device)[:, None, None, None]
+
+    def _block(self, rows, cols, L, S):
+        kl, ql = self._limits(cols.device)  # (Bm, 1, 1, 1) each
+        return (cols[None, None, None, :] < kl) & (rows[None, None, :, None] < ql)
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        kl, ql = self._limits(k_lo.device)
+        full = (k_hi < kl) & (q_hi < ql)  # (Bm, 1, nQ, nK)
+        empty = (k_lo >= kl) | (q_lo >= ql)
+        return classify(*torch.broadcast_tensors(full, empty))
+
+    def __repr__(self):
+        kl = None if self.key_lengths is None else self.key_lengths.tolist()
+        ql = None if self.query_lengths is None else self.query_lengths.tolist()
+        return f"padding(key_lengths={kl}, query_lengths={ql})"
+
+
+def _segments(name: str, x) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    if t.is_floating_point() or t.is_complex():
+        raise AttnlabError(f"{name}: expected integer segment ids, got dtype {t.dtype}")
+    if t.dim() == 1:
+        t = t[None]
+    if t.dim() != 2:
+        raise AttnlabError(f"{name}: expected shape (L,) or (B, L), got {fmt_shape(t.shape)}")
+    return t.to(torch.int64)
+
+
+def _block_ranges(seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """min and max segment id within each block [lo, hi] of every row of seg (B, N)."""
+    size = int((hi[0] - lo[0]).item()) + 1 if lo.numel() else 1
+    n_blocks = lo.numel()
+    pad = n_blocks * size - seg.shape[1]
+    padded = torch.cat([seg, seg[:, -1:].expand(-1, pad)], dim=1) if pad > 0 else seg
+    blocks = padded.reshape(seg.shape[0], n_blocks, size)  # (B, nBlocks, size)
+    return blocks.amin(-1), blocks.amax(-1)
+
+
+class Document(Mask):
+    """Packed sequences: query i sees key j only when both lie in the same segment (document).
+
+    `segment_ids` has shape (L,) or (B, L); `kv_segment_ids` (default: the same ids) has (S,) or
+    (B, S). Combine with `causal()` for packed causal language modelling.
+    """
+
+    def __init__(self, segment_ids, kv_segment_ids=None):
+        self.q_seg = _segments("segment_ids", segment_ids)
+        self.kv_seg = self.q_seg if kv_segment_ids is None else _segments(
+            "kv_segment_ids", kv_segment_ids)
+        bq, bk = self.q_seg.shape[0], self.kv_seg.shape[0]
+        if bq != bk and 1 not in (bq, bk):
+            raise AttnlabError(
+                f"kv_segment_ids: batch {bk} does not match segment_ids batch {bq}"
+            )
+        self.batch_size = max(bq, bk)
+
+    def check(self, L, S):
+        if self.q_seg.shape[1] != L:
+            raise AttnlabError(
+                f"segment_ids: expected one id per query position (L = {L}), "
+                f"got shape {fmt_shape(self.q_seg.shape)}"
+            )
+        if self.kv_seg.shape[1] != S:
+            raise AttnlabError(
+                f"kv_segment_ids: expected one id per key position (S = {S}), "
+                f"got shape {fmt_shape(self.kv_seg.shape)}"
+            )
+
+    def _block(self, rows, cols, L, S):
+        q = self.q_seg.to(rows.device)[:, rows]  # (Bm, Lb)
+        k = self.kv_seg.to(cols.device)[:, cols]  # (Bm, Sb)
+        return (q[:, :, None] == k[:, None, :])[:, None]  # (Bm, 1, Lb, Sb)
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        q_min, q_max = _block_ranges(self.q_seg.to(q_lo.device), q_lo[:, 0], q_hi[:, 0])
+        k_min, k_max = _block_ranges(self.kv_seg.to(k_lo.device), k_lo[0], k_hi[0])
+        q_min, q_max = q_min[:, :, None], q_max[:, :, None]  # (Bm, nQ, 1)
+        k_min, k_max = k_min[:, None, :], k_max[:, None, :]  # (Bm, 1, nK)
+        full = (q_min == q_max) & (k_min == k_max) & (q_min == k_min)
+        empty = (q_max < k_min) | (k_max < q_min)
+        return classify(*torch.broadcast_tensors(full, empty))[:, None]  # (Bm, 1, nQ, nK)
+
+    def __repr__(self):
+        return f"document(segment_ids of shape {fmt_shape(self.q_seg.shape)})"
+
+
+def padding(key_lengths=None, query_lengths=None) -> Padding:
+    """Mask out padded keys (j >= key_lengths[b]) and padded queries (i >= query_lengths[b])."""
+    return Padding(key_lengths, query_lengths)
+
+
+def document(segment_ids, kv_segment_ids=None) -> Document:
+    """Packed sequences: attend only within the same segment id."""
+    return Document(segment_ids, kv_segment_ids)

@@ -1,0 +1,92 @@
+"""One validated attention call, with its masks merged, as every backend receives it.
+
+The public op folds SDPA's `attn_mask` and `is_causal` and attnlab's `mask=` into two things:
+`structured` (an attnlab Mask or None, what tiled kernels can reason about) and `attn_mask` (the
+user's dense bool/float tensor or None). Backends that want one dense matrix call `dense_masks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.errors import Dims
+from attnlab.masks import Mask
+from attnlab.masks.positional import Causal
+
+
+@dataclass
+class Problem:
+    query: torch.Tensor  # (..., H, L, D)
+    key: torch.Tensor  # (..., Hkv, S, D)
+    value: torch.Tensor  # (..., Hkv, S, Dv)
+    dims: Dims
+    scale: float
+    dropout_p: float
+    structured: Mask | None  # causal / sliding window / ... ; True = may attend
+    attn_mask: torch.Tensor | None  # SDPA's mask: bool (True = attend) or float (added)
+
+    @property
+    def is_plain_causal(self) -> bool:
+        """Only a top-left causal mask: SDPA's is_causal=True expresses it exactly."""
+        return (
+            self.attn_mask is None
+            and isinstance(self.structured, Causal)
+            and self.structured.align == "top_left"
+        )
+
+    @property
+    def has_mask(self) -> bool:
+        return self.structured is not None or self.attn_mask is not None
+
+    def dense_masks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(allowed bool, bias float) broadcastable to (..., H, L, S); either may be None."""
+        L, S = self.dims.L, self.dims.S
+        allowed = None
+        if self.structured is not None:
+            allowed = self.structured.to_dense(L, S, device=self.query.device)  # (Bm, Hm, L, S)
+            allowed = _fit(allowed, self.query.dim())
+        bias = None
+        if self.attn_mask is not None:
+            if self.attn_mask.dtype == torch.bool:
+                allowed = self.attn_mask if allowed is None else allowed & self.attn_mask
+            else:
+                bias = self.attn_mask
+        return allowed, bias
+
+    def allowed_dense(self) -> torch.Tensor | None:
+        """One bool matrix (True = may attend) including the -inf entries of a float mask."""
+        allowed, bias = self.dense_masks()
+        if bias is not None:
+            finite = bias != float("-inf")
+            allowed = finite if allowed is None else allowed & finite
+        return allowed
+
+
+def _fit(mask4d: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Drop or add leading dims of a (Bm, Hm, L, S) mask so it broadcasts against `ndim`-dim
+    scores without growing them (a 2-D or 3-D call has no batch dim)."""
+    while mask4d.dim() > max(ndim, 2) and mask4d.shape[0] == 1:
+        mask4d = mask4d[0]
+    return mask4d
+
+
+def sanitize_dead_keys(p: Problem, allowed: torch.Tensor | None):
+    """key, value with every position that no query may attend zeroed (NaN there can't leak).
+
+    Returns (key, value) expanded to query heads when the mask differs per head.
+    """
+    if allowed is None:
+        return p.key, p.value
+    S = p.dims.S
+    dead = ~allowed.any(dim=-2)  # (..., Hm, S): no query row attends this key
+    if not bool(dead.any()):
+        return p.key, p.value
+    key, value = p.key, p.value
+    if dead.dim() >= 2 and dead.shape[-2] > 1 and p.dims.groups > 1:
+        # per-head mask with grouped k/v: a key dead for one head may be alive for its group mate
+        dead = dead.unflatten(-2, (p.dims.Hkv, p.dims.groups)).all(dim=-1)  # (..., Hkv, S)
+    dead = dead.reshape(*dead.shape[:-1], S, 1)  # (..., Hkv|1, S, 1)
+    zero = torch.zeros((), dtype=key.dtype, device=key.device)
+    return torch.where(dead, zero, key), torch.where(dead, zero, value)

@@ -1,0 +1,1 @@
+"""Drawing what explain computes: terminal text (and figures, pages)."""

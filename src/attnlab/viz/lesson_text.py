@@ -1,0 +1,71 @@
+"""The lesson as plain terminal text, from the data `attnlab.explain.lesson` computes."""
+
+from __future__ import annotations
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def _vec(v) -> str:
+    return "[" + ", ".join(f"{x:.3g}" for x in v) + "]"
+
+
+def _compare(s) -> list[str]:
+    lines = [f'query for "{s["query_token"]}" = {_vec(s["query"])}']
+    for r in s["rows"]:
+        lines.append(f'  key for {r["token"]!r:<10} = {_vec(r["key"]):<8}  score = {r["arithmetic"]}')
+    lines.append(f'Highest score: {s["best_match"]} (the best match, nothing borrowed yet).')
+    return lines
+
+
+def _divide(s) -> list[str]:
+    lines = [f'scores {_vec(s["scores"])}, total {s["total"]:g}']
+    lines.append("  divided by the total: " + ", ".join(pct(x) for x in s["divided"]))
+    lines.append("  softmax instead:      " + ", ".join(pct(x) for x in s["softmax"]))
+    lines.append(f'Problem: {s["problem"]}; softmax keeps every weight positive, summing to 100%.')
+    return lines
+
+
+def _softmax(s) -> list[str]:
+    lines = ["token      score  weight   | scaled score  weight"]
+    for tok, a, w, b, w2 in zip(s["tokens"], s["scores"], s["weights"], s["scaled_scores"],
+                                s["scaled_weights"]):
+        lines.append(f"{tok:<9} {a:6.2f}  {pct(w)}   | {b:12.3f}  {pct(w2)}")
+    lines.append(f'Weights sum to {s["sum"]:.3f}. Scaling by 1/sqrt({s["head_dim"]}) = '
+                 f'{s["scale"]:.3f} cools the scores, so softmax is less sure of itself.')
+    return lines
+
+
+def _borrow(s) -> list[str]:
+    lines = [f'value dims mean: {", ".join(s["value_meaning"])}']
+    for sh in s["shares"]:
+        lines.append(f'  {pct(sh["weight"])} of {sh["token"]:<8} value {_vec(sh["value"]):<11}'
+                     f' -> {_vec(sh["contribution"])}')
+    lines.append(f'context vector for "it" = {_vec(s["context"])}  (mostly cat information)')
+    return lines
+
+
+def _causal(s) -> list[str]:
+    toks = s["tokens"]
+    lines = ["current token | allowed to look at"]
+    for tok, seen in zip(toks, s["sees"]):
+        lines.append(f"{tok:<13} | {', '.join(seen)}")
+    lines.append("weights after masking (rows: query, columns: key):")
+    lines.append("       " + " ".join(f"{t:>6}" for t in toks))
+    for tok, row in zip(toks, s["weights"]):
+        lines.append(f"{tok:<6} " + " ".join(f"{pct(w):>6}" for w in row))
+    return lines
+
+
+RENDERERS = {"compare": _compare, "divide": _divide, "softmax": _softmax, "borrow": _borrow,
+             "causal": _causal}
+
+
+def render_lesson(sections: list[dict]) -> str:
+    out = []
+    for i, s in enumerate(sections, 1):
+        out.append(f"{i}. {s['title']}")
+        out.extend(RENDERERS[s["name"]](s))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
