@@ -2,7 +2,7 @@
 
     >>> import torch, attnlab
     >>> q = k = v = torch.randn(2, 4, 16, 32)           # (B, H, L, D)
-    >>> out = attnlab.attention(q, k, v, is_causal=True)  # drop-in for F.scaled_dot_product_attention
+    >>> out = attnlab.attention(q, k, v, is_causal=True)  # as F.scaled_dot_product_attention
 """
 
 from attnlab import masks

@@ -80,7 +80,7 @@ def check_qkv(query, key, value, *, enable_gqa: bool) -> Dims:
         )
     nd = query.dim()
     L, D = query.shape[-2:]
-    S, Dv = value.shape[-2:]
+    S, Dv = key.shape[-2], value.shape[-1]
     if nd == 2:
         batch, H, Hkv = (), 1, 1
     else:
@@ -100,7 +100,7 @@ def check_qkv(query, key, value, *, enable_gqa: bool) -> Dims:
             f"value: expected leading dims {fmt_shape(want_v[:-1])} to match key "
             f"{fmt_shape(key.shape)}, got {fmt_shape(value.shape)}"
         )
-    if H != Hkv:
+    if Hkv != H:
         if not enable_gqa:
             raise AttnlabError(
                 f"key: has {Hkv} heads but query has {H} (query {fmt_shape(query.shape)}, key "
@@ -135,10 +135,7 @@ def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
         if any(s != 1 for s in shape[:extra]):
             return False
         shape = shape[extra:]
-    for s, t in zip(reversed(shape), reversed(target)):
-        if s not in (1, t):
-            return False
-    return True
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
 
 
 def check_dropout(dropout_p) -> float:

@@ -22,7 +22,7 @@ from attnlab.masks import Mask
 
 @dataclass
 class Trace:
-    """Inputs and intermediates of attention; arrays are float64 of shape (..., L, S) or (..., L, D).
+    """Inputs and intermediates of attention, float64 arrays of shape (..., L, S) or (..., L, D).
 
     query (..., H, L, D), key (..., Hkv, S, D), value (..., Hkv, S, Dv); mask bool (True = may
     attend) broadcastable to the scores, or None; scores = q·k, scaled_scores = scores·scale,
@@ -45,9 +45,9 @@ class Trace:
     query_tokens: list[str] | None = field(default=None)
 
     def __post_init__(self):
-        if self.query_tokens is None and self.tokens is not None:
-            if len(self.tokens) == self.query.shape[-2]:
-                self.query_tokens = list(self.tokens)
+        if (self.query_tokens is None and self.tokens is not None
+                and len(self.tokens) == self.query.shape[-2]):
+            self.query_tokens = list(self.tokens)
 
     def to_dict(self) -> dict:
         """JSON-ready: arrays as nested lists, -inf/NaN as None."""
@@ -128,5 +128,6 @@ def _dense_mask(mask, L: int, S: int) -> np.ndarray | None:
         raise AttnlabError(f"mask: expected bool (True = may attend) or an attnlab mask, "
                            f"got dtype {m.dtype}")
     if m.shape[-2:] != (L, S):
-        raise AttnlabError(f"mask: expected (..., L, S) = (..., {L}, {S}), got {fmt_shape(m.shape)}")
+        raise AttnlabError(
+            f"mask: expected (..., L, S) = (..., {L}, {S}), got {fmt_shape(m.shape)}")
     return m

@@ -41,8 +41,8 @@ class ModelAttention:
         return self.weights.shape[1]
 
     def head_trace(self, layer: int, head: int) -> Trace:
-        """Every step of one head (scores, scaled, masked, weights, output), recomputed in float64."""
+        """Every step of one head (scores, scaled, masked, weights, output), in float64."""
         if self.queries is None or self.keys is None or self.values is None:
-            raise ValueError("head_trace needs queries, keys and values; this capture has weights only")
+            raise ValueError("head_trace needs queries, keys and values; this capture has none")
         return trace(self.queries[layer, head], self.keys[layer, head], self.values[layer, head],
                      mask=self.mask, scale=self.scale, tokens=self.tokens)

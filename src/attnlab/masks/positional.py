@@ -39,7 +39,7 @@ class Causal(Mask):
 
 
 class SlidingWindow(Mask):
-    """Query i sees keys j with i - size < j <= i (+ offset): the last `size` keys, itself included."""
+    """Query i sees keys j with i - size < j <= i (+ offset): the last `size` keys, itself too."""
 
     def __init__(self, size: int, align: str = "top_left"):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -1,0 +1,80 @@
+"""Shared test helpers: comparisons that report max and mean difference, the FlashAttention rule,
+and random attention inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from attnlab import reference
+
+# slack added to the FlashAttention rule so float64 (error ~1e-16) doesn't compare noise to noise
+SLACK = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
+
+
+def diff_report(actual, expected) -> str:
+    a = torch.as_tensor(np.asarray(actual, dtype=np.float64)) if not torch.is_tensor(actual) \
+        else actual.detach().double()
+    e = torch.as_tensor(np.asarray(expected, dtype=np.float64)) if not torch.is_tensor(expected) \
+        else expected.detach().double()
+    d = (a - e).abs()
+    d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
+    return f"max diff {d.max().item() if d.numel() else 0:.3e}, mean diff " \
+           f"{d.mean().item() if d.numel() else 0:.3e}, shape {tuple(a.shape)}"
+
+
+def assert_close(actual, expected, atol=1e-6, rtol=1e-6, what="values"):
+    a = torch.as_tensor(np.asarray(actual.detach().cpu().double() if torch.is_tensor(actual)
+                                   else actual, dtype=np.float64))
+    e = torch.as_tensor(np.asarray(expected.detach().cpu().double() if torch.is_tensor(expected)
+                                   else expected, dtype=np.float64))
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    ok = torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=False) | (a == e)
+    assert bool(ok.all()), f"{what}: {diff_report(a, e)}"
+
+
+def max_err(x, ref) -> float:
+    d = (x.detach().double() - torch.as_tensor(np.asarray(ref), dtype=torch.float64)).abs()
+    return float(torch.nan_to_num(d, nan=float("inf")).max()) if d.numel() else 0.0
+
+
+def assert_fa_rule(out, plain, ref, factor: float, dtype, what="output"):
+    """FlashAttention's rule: err(out) <= factor * err(plain same-dtype implementation)."""
+    e, e_plain = max_err(out, ref), max_err(plain, ref)
+    assert e <= factor * e_plain + SLACK[dtype], (
+        f"{what}: error {e:.3e} vs float64 oracle exceeds {factor}x the plain {dtype} "
+        f"implementation's {e_plain:.3e} ({diff_report(out, torch.as_tensor(np.asarray(ref)))})"
+    )
+
+
+def plain_attention(q, k, v, allowed=None, bias=None, scale=None):
+    """softmax(q kᵀ · scale + mask) @ v in the inputs' dtype, nothing clever (GQA by repeat)."""
+    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, -3), v.repeat_interleave(g, -3)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q @ k.transpose(-2, -1) * scale  # (..., H, L, D) @ (..., H, D, S) -> (..., H, L, S)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v  # (..., H, L, S) @ (..., H, S, Dv) -> (..., H, L, Dv)
+
+
+def oracle(q, k, v, allowed=None, bias=None, scale=None):
+    """(out, lse) from the NumPy float64 reference, as float64 tensors."""
+    np_ = lambda t: None if t is None else t.detach().cpu().double().numpy()  # noqa: E731
+    out, lse = reference.attention(np_(q), np_(k), np_(v),
+                                   mask=None if allowed is None else allowed.numpy(),
+                                   scale=scale, bias=np_(bias))
+    return torch.from_numpy(out), torch.from_numpy(lse)
+
+
+def qkv(B, H, Hkv, L, S, D, Dv=None, dtype=torch.float32, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)  # noqa
+    q, k, v = mk(B, H, L, D), mk(B, Hkv, S, D), mk(B, Hkv, S, Dv or D)
+    if requires_grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
