@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -14,12 +14,17 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/attnlab lesson
+	$(BIN)/attnlab explain "The cat sat on the mat because it was tired." --token it
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 
-test: lint
+# the browser tests drive Debian's chromium: installed here when missing and we are root
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
+
+test: lint chromium
 	$(BIN)/pytest
 
 clean:

@@ -5,9 +5,9 @@
     >>> out = attnlab.attention(q, k, v, is_causal=True)  # as F.scaled_dot_product_attention
 """
 
-from attnlab import masks
+from attnlab import masks, nn
 from attnlab.errors import AttnlabError
-from attnlab.ops import BACKENDS, attention, select_backend
+from attnlab.ops import BACKENDS, attention, attention_weights, select_backend
 from attnlab.trace import Trace, trace
 
 __version__ = "0.1.0"
@@ -18,7 +18,9 @@ __all__ = [
     "Trace",
     "__version__",
     "attention",
+    "attention_weights",
     "masks",
+    "nn",
     "select_backend",
     "trace",
 ]

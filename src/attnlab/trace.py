@@ -56,6 +56,12 @@ class Trace:
         return {"tokens": self.tokens, "query_tokens": self.query_tokens, "scale": self.scale,
                 **{name: jsonable(getattr(self, name)) for name in arrays}}
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the weights as a coloured table (drawing lives in attnlab.viz)."""
+        from attnlab.viz.notebook import trace_html
+
+        return trace_html(self)
+
     def __repr__(self):
         return (f"Trace(query {fmt_shape(self.query.shape)}, key {fmt_shape(self.key.shape)}, "
                 f"value {fmt_shape(self.value.shape)}, scale={self.scale:.4g}, "

@@ -10,7 +10,7 @@ import sys
 from attnlab.errors import AttnlabError
 
 #: subcommand modules, in the order `--help` lists them
-COMMANDS = ("lesson",)
+COMMANDS = ("lesson", "explain", "train", "generate", "plot", "view", "serve", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,12 @@ class ModelAttention:
     def n_heads(self) -> int:
         return self.weights.shape[1]
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the interactive page (head, model, step views) in a sandboxed iframe."""
+        from attnlab.viz.notebook import model_html
+
+        return model_html(self)
+
     def head_trace(self, layer: int, head: int) -> Trace:
         """Every step of one head (scores, scaled, masked, weights, output), in float64."""
         if self.queries is None or self.keys is None or self.values is None:

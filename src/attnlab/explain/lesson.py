@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnlab.explain.lesson_check import section_check
 from attnlab.masks import causal
 from attnlab.trace import Trace, trace
 
@@ -24,6 +25,23 @@ VALUES = [[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]
 VALUE_MEANING = ["a creature", "a place"]
 NEGATIVE_SCORES = [5.0, -2.0, 1.0]  # scores where plain division goes wrong
 CAUSAL_TOKENS = ["The", "cat", "sat", "on"]
+
+# Two heads: every token of the sentence is an embedding with four features; each head has its own
+# query/key projection (W_q, W_k: 4 features -> 2 numbers). Only the projections differ, so the two
+# heads find different things in the same sentence.
+HEAD_TOKENS = ["The", "cat", "sat", "on", "the", "mat", "because", "it"]
+FEATURES = ["creature", "place", "action", "needs a referent"]
+EMBEDDINGS = {  # token -> its four features
+    "The": [0, 0, 0, 0], "cat": [1, 0, 0, 0], "sat": [0, 0, 1, 0], "on": [0, 0.5, 0, 0],
+    "the": [0, 0, 0, 0], "mat": [0, 1, 0, 0], "because": [0, 0, 0, 0], "it": [0.2, 0, 0, 1],
+}
+HEADS = {
+    # name: (what it looks for, W_q, W_k); rows are the four features
+    "who?": ("a creature the pronoun can stand for",
+             [[0, 0], [0, 0], [0, 0], [3, 0]], [[3, 0], [0, 0], [0, 0], [0, 0]]),
+    "where?": ("a place",
+               [[0, 0], [0, 0], [0, 3], [0, 3]], [[0, 0], [0, 3], [0, 0], [0, 0]]),
+}
 
 
 def lesson_trace(scale: float | None = 1.0) -> Trace:
@@ -91,15 +109,44 @@ def section_causal() -> dict:
             "weights": t.weights.tolist()}
 
 
+def section_heads() -> dict:
+    x = np.array([EMBEDDINGS[t] for t in HEAD_TOKENS], dtype=float)  # (L, 4)
+    wq = np.array([HEADS[h][1] for h in HEADS], dtype=float)  # (H, 4, 2)
+    wk = np.array([HEADS[h][2] for h in HEADS], dtype=float)
+    q, k = x @ wq, x @ wk  # (L, 4) @ (H, 4, 2) -> (H, L, 2)
+    v = np.broadcast_to(np.eye(len(HEAD_TOKENS)), (len(HEADS), *[len(HEAD_TOKENS)] * 2))
+    t = trace(q, k, v, tokens=HEAD_TOKENS)  # (H, L, S) weights, default 1/sqrt(2) scaling
+    i = HEAD_TOKENS.index(QUERY_TOKEN)
+    heads = []
+    for h, (name, (looks_for, wq_h, wk_h)) in enumerate(HEADS.items()):
+        row = t.weights[h, i]
+        heads.append({"name": name, "looks_for": looks_for, "w_q": wq_h, "w_k": wk_h,
+                      "query": q[h, i].tolist(), "keys": k[h].tolist(),
+                      "scores": t.scores[h, i].tolist(), "weights": row.tolist(),
+                      "top_token": HEAD_TOKENS[int(np.argmax(row))],
+                      "top_weight": float(row.max())})
+    return {"name": "heads", "title": "Two heads: different projections, different patterns",
+            "tokens": HEAD_TOKENS, "features": FEATURES,
+            "embeddings": [EMBEDDINGS[tok] for tok in HEAD_TOKENS], "query_token": QUERY_TOKEN,
+            "scale": t.scale, "heads": heads}
+
+
 SECTIONS = {
     "compare": section_compare,
     "divide": section_divide,
     "softmax": section_softmax,
     "borrow": section_borrow,
     "causal": section_causal,
+    "heads": section_heads,
+    "check": lambda: section_check({n: fn() for n, fn in SECTIONS.items() if n != "check"}),
 }
 
 
 def build_lesson(sections=None) -> list[dict]:
     """The lesson's sections as data, in order (all of them, or the named ones)."""
-    return [SECTIONS[name]() for name in (sections or SECTIONS)]
+    names = list(sections or SECTIONS)
+    done = {name: SECTIONS[name]() for name in names if name != "check"}
+    if "check" in names:  # answered from the numbers the other sections just computed
+        missing = {n: fn() for n, fn in SECTIONS.items() if n not in done and n != "check"}
+        done["check"] = section_check({**done, **missing})
+    return [done[name] for name in names]

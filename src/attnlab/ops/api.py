@@ -32,6 +32,8 @@ def attention(
     mask: Mask | None = None,
     return_lse: bool = False,
     backend: str = "auto",
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ):
     """Scaled dot-product attention: softmax(query · keyᵀ · scale + mask) · value.
 
@@ -54,8 +56,13 @@ def attention(
             document, prefix_lm, from_dense, and their & | ~ combinations).
         return_lse: also return the log-sum-exp of each query row, (..., H, L), float32 for
             fp16/bf16 inputs.
-        backend: "auto" (fastest exact path; see `attnlab.select_backend`), "sdpa", "math", or
+        backend: "auto" (fastest exact path; see `attnlab.select_backend`), "sdpa", "math",
+            "tiled" (online softmax over tiles, skips masked-out tiles, memory linear in L), or
             "reference" (NumPy float64, no autograd).
+        softcap: tanh soft-capping of the scaled scores, softcap · tanh(s / softcap) (Gemma 2),
+            applied before any bias or mask.
+        alibi_slopes: (H,) ALiBi slopes; adds slope_h · (j - i) to head h's scores. Only the
+            lse depends on the diagonal's alignment; the output does not.
 
     All masks given (attn_mask, is_causal, mask) apply together: a pair may attend only if every
     one allows it. A query row that may attend to nothing gets output 0 and lse -inf, never NaN;
@@ -68,32 +75,67 @@ def attention(
         AttnlabError: on bad input, naming the argument and showing the shapes.
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes)
     check_choice("backend", backend, dispatch.BACKENDS)
     out, lse = dispatch.run(backend, p, need_lse=return_lse)
     return (out, lse) if return_lse else out
 
 
 def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                   enable_gqa=False, *, mask=None, return_lse=False) -> dispatch.Choice:
+                   enable_gqa=False, *, mask=None, return_lse=False, softcap=None,
+                   alibi_slopes=None) -> dispatch.Choice:
     """Which backend `attention(..., backend="auto")` would run for these inputs, and why."""
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes)
     return dispatch.choose(p, need_lse=return_lse)
 
 
 def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *,
-                 mask) -> Problem:
+                 mask, softcap=None, alibi_slopes=None) -> Problem:
     """Validate a call once and fold its masks together."""
     dims = check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
     if attn_mask is not None:
         check_dense_mask("attn_mask", attn_mask, dims, query.device)
+        if attn_mask.dim() < 2:  # (S,) or a scalar: one row broadcast over every query
+            attn_mask = attn_mask.reshape(1, -1)
     structured = _structured(mask, is_causal, dims)
     return Problem(
         query=query, key=key, value=value, dims=dims,
         scale=check_scale(scale, dims.D), dropout_p=check_dropout(dropout_p),
         structured=structured, attn_mask=attn_mask,
+        softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, dims, query.device),
     )
+
+
+def check_softcap(softcap) -> float | None:
+    if softcap is None:
+        return None
+    try:
+        c = float(softcap)
+    except (TypeError, ValueError):
+        c = float("nan")
+    if not (c > 0 and c != float("inf")):
+        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
+    return c
+
+
+def check_alibi(slopes, dims, device) -> torch.Tensor | None:
+    if slopes is None:
+        return None
+    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
+        raise AttnlabError(
+            f"alibi_slopes: expected a float tensor of shape (H,) = ({dims.H},), got "
+            f"{type(slopes).__name__} {getattr(slopes, 'dtype', '')}".rstrip()
+        )
+    if tuple(slopes.shape) != (dims.H,):
+        raise AttnlabError(
+            f"alibi_slopes: expected shape (H,) = ({dims.H},), got {fmt_shape(slopes.shape)}"
+        )
+    if slopes.device != device:
+        raise AttnlabError(
+            f"alibi_slopes: expected device {device} like query, got {slopes.device}"
+        )
+    return slopes
 
 
 def _structured(mask, is_causal, dims) -> Mask | None:

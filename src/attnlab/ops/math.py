@@ -39,11 +39,22 @@ def scores(p: Problem, key: torch.Tensor, allowed, bias) -> torch.Tensor:
     if p.dims.groups > 1:
         k = k.repeat_interleave(p.dims.groups, dim=-3)  # (..., Hkv, S, D) -> (..., H, S, D)
     s = (q @ k.transpose(-2, -1)) * p.scale  # (..., H, L, D) @ (..., H, D, S) -> (..., H, L, S)
+    if p.softcap is not None:
+        s = torch.tanh(s / p.softcap) * p.softcap
+    if p.alibi_slopes is not None:
+        alibi = alibi_bias(p.alibi_slopes.to(acc), p.dims.L, p.dims.S)  # (H, L, S)
+        s = s + (alibi if p.dims.ndim > 2 else alibi[0])
     if bias is not None:
         s = s + bias.to(acc)
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf"))
     return s
+
+
+def alibi_bias(slopes: torch.Tensor, L: int, S: int) -> torch.Tensor:
+    """(H, L, S) ALiBi bias slope_h · (j - i); softmax ignores the per-row shift of alignment."""
+    rel = torch.arange(S, device=slopes.device) - torch.arange(L, device=slopes.device)[:, None]
+    return slopes[:, None, None] * rel.to(slopes.dtype)  # (H, 1, 1) * (L, S) -> (H, L, S)
 
 
 def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:

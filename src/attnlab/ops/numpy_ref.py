@@ -17,6 +17,10 @@ def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
         )
     if p.dropout_p > 0:
         raise AttnlabError('dropout_p: backend "reference" is deterministic; pass dropout_p=0')
+    if p.has_modifiers:
+        raise AttnlabError(
+            'backend: "reference" has no softcap/alibi_slopes; use backend="math" in float64'
+        )
     allowed, bias = p.dense_masks()
     as_np = lambda t: None if t is None else t.detach().cpu().double().numpy()  # noqa: E731
     out, lse = reference.attention(

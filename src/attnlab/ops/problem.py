@@ -26,6 +26,13 @@ class Problem:
     dropout_p: float
     structured: Mask | None  # causal / sliding window / ... ; True = may attend
     attn_mask: torch.Tensor | None  # SDPA's mask: bool (True = attend) or float (added)
+    softcap: float | None = None  # scores -> softcap · tanh(scores / softcap), before any bias
+    alibi_slopes: torch.Tensor | None = None  # (H,): adds slope_h · (j - i) to the scores
+
+    @property
+    def has_modifiers(self) -> bool:
+        """Score modifiers PyTorch's fused kernel cannot apply."""
+        return self.softcap is not None or self.alibi_slopes is not None
 
     @property
     def is_plain_causal(self) -> bool:

@@ -40,7 +40,10 @@ def forward(p: Problem, *, need_lse: bool):
     mask, is_causal, allowed = _dense_for_sdpa(p)
     key, value = sanitize_dead_keys(p, _causal_dead(p) if is_causal else allowed)
     if need_lse:
-        return _flash_cpu(p, key, value, mask, is_causal)
+        out, lse = _flash_cpu(p, key, value, mask, is_causal)
+        if allowed is not None:  # the kernel reports 0 for rows that see nothing; attnlab says -inf
+            lse = lse.masked_fill(~allowed.any(dim=-1).expand(lse.shape), float("-inf"))
+        return out, lse
     out = F.scaled_dot_product_attention(
         p.query, key, value, attn_mask=mask, dropout_p=p.dropout_p, is_causal=is_causal,
         scale=p.scale, enable_gqa=p.dims.groups > 1,
@@ -72,4 +75,5 @@ def _flash_cpu(p: Problem, key, value, mask, is_causal):
 
 
 def has_lse_kernel(device: torch.device) -> bool:
-    return device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    return device.type == "cpu" and hasattr(
+        torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")

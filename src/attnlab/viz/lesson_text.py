@@ -14,7 +14,8 @@ def _vec(v) -> str:
 def _compare(s) -> list[str]:
     lines = [f'query for "{s["query_token"]}" = {_vec(s["query"])}']
     for r in s["rows"]:
-        lines.append(f'  key for {r["token"]!r:<10} = {_vec(r["key"]):<8}  score = {r["arithmetic"]}')
+        lines.append(f'  key for {r["token"]!r:<10} = {_vec(r["key"]):<8}  '
+                     f'score = {r["arithmetic"]}')
     lines.append(f'Highest score: {s["best_match"]} (the best match, nothing borrowed yet).')
     return lines
 
@@ -58,8 +59,39 @@ def _causal(s) -> list[str]:
     return lines
 
 
+def _heads(s) -> list[str]:
+    toks, feats = s["tokens"], s["features"]
+    lines = [f'Every token has four features ({", ".join(feats)}); each head projects them with '
+             "its own W_q and W_k."]
+    for h in s["heads"]:
+        used_q = [f for f, row in zip(feats, h["w_q"]) if any(row)]
+        used_k = [f for f, row in zip(feats, h["w_k"]) if any(row)]
+        lines.append(f'head {h["name"]:<7} looks for {h["looks_for"]}: query from '
+                     f'{" + ".join(used_q)}, keys from {" + ".join(used_k)}')
+        lines.append(f'  query for "{s["query_token"]}" = {_vec(h["query"])}; scores '
+                     + ", ".join(f"{t} {x:g}" for t, x in zip(toks, h["scores"])))
+        lines.append("  weights " + ", ".join(f"{t} {pct(w).strip()}"
+                                                for t, w in zip(toks, h["weights"])))
+        lines.append(f'  -> "{s["query_token"]}" borrows most from {h["top_token"]} '
+                     f'({pct(h["top_weight"]).strip()})')
+    lines.append("Same sentence, same tokens: only the projections differ, so each head finds a "
+                 "different pattern.")
+    return lines
+
+
+def _check(s) -> list[str]:
+    lines, lesson = [], None
+    for q in s["questions"]:
+        if q["lesson"] != lesson:
+            lesson = q["lesson"]
+            lines.append(f"[{lesson}]")
+        lines.append(f'  Q: {q["question"]}')
+        lines.append(f'  A: {q["answer"]}')
+    return lines
+
+
 RENDERERS = {"compare": _compare, "divide": _divide, "softmax": _softmax, "borrow": _borrow,
-             "causal": _causal}
+             "causal": _causal, "heads": _heads, "check": _check}
 
 
 def render_lesson(sections: list[dict]) -> str:

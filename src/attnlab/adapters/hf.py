@@ -1,0 +1,152 @@
+"""Hugging Face transformers models running on attnlab.attention.
+
+    >>> from attnlab.adapters import hf
+    >>> hf.register()                                   # once; idempotent
+    >>> model = AutoModel.from_pretrained(path, attn_implementation="attnlab")
+    >>> model.set_attn_implementation("attnlab")        # or switch a loaded model
+    >>> out = model(**inputs, output_attentions=True)   # exact softmax weights, per layer
+
+How it plugs in (transformers 5): an attention function registered in `AttentionInterface` receives
+(module, query (B, H, L, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv), attention_mask, scaling,
+dropout, **kwargs) and returns (output (B, L, H, Dv), weights (B, H, L, S) or None). The masks come
+from `AttentionMaskInterface`: a name missing there gets *no mask at all* (padding silently lost),
+so `register()` installs transformers' SDPA mask builder under the same name. That builder gives a
+bool mask (True = may attend, attnlab's convention) or None when the mask is plain causal or
+plain full, in which case causality comes from `module.is_causal` (never for one query row: a
+decoding step sees the whole cache). A float mask a caller built itself is added to the scores.
+
+Weights are returned when `output_attentions` is asked for (or a `recording.record()` block is
+active): the op returns the log-sum-exp of each row and the weights are recomputed exactly from it,
+exp(score - lse), never by a second softmax. Caution: in training mode with dropout the returned
+weights are those before dropout. Logit softcapping (Gemma 2) is passed on to the op; attention
+sinks are refused (AttnlabError).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.adapters import recording
+from attnlab.errors import AttnlabError
+from attnlab.ops import math as math_backend
+from attnlab.ops.api import attention, make_problem
+
+NAME = "attnlab"
+
+
+def register() -> str:
+    """Make `attn_implementation="attnlab"` available to every transformers model; returns the name.
+
+    Calling it again changes nothing.
+    """
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        raise AttnlabError(
+            f"attnlab.adapters.hf needs transformers >= 5: pip install 'attnlab[hf]' ({e})"
+        ) from None
+    if AttentionInterface._global_mapping.get(NAME) is not attnlab_attention_forward:
+        AttentionInterface.register(NAME, attnlab_attention_forward)
+    if AttentionMaskInterface._global_mapping.get(NAME) is not sdpa_mask:
+        AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
+
+
+def _is_causal(module, is_causal, attention_mask, L: int) -> bool:
+    # The same rule as transformers' SDPA integration: a materialised mask already holds the
+    # causal pattern; without one, the module says, and one query row (decoding) sees everything.
+    if attention_mask is not None or L <= 1:
+        return False
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    return bool(causal)
+
+
+def _wants_weights(module, kwargs) -> bool:
+    if kwargs.get("output_attentions"):
+        return True
+    config = getattr(module, "config", None)
+    return bool(getattr(config, "output_attentions", False)) or recording.recording()
+
+
+def _with_position_bias(position_bias, attention_mask, causal: bool):
+    """One float mask holding a learned position bias (T5) and every mask: bias where a pair may
+    attend, -inf where not."""
+    L, S = position_bias.shape[-2:]
+    if causal:  # fold causality in too, so the one mask says everything
+        attention_mask = torch.ones(L, S, dtype=torch.bool, device=position_bias.device).tril()
+    if attention_mask is None:
+        return position_bias
+    if attention_mask.dtype == torch.bool:
+        fill = torch.tensor(float("-inf"), dtype=position_bias.dtype, device=position_bias.device)
+        return torch.where(attention_mask, position_bias, fill)
+    return position_bias + attention_mask
+
+
+def attnlab_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The transformers attention function for `attn_implementation="attnlab"`.
+
+    query (B, H, L, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) -> (output (B, L, H, Dv),
+    weights (B, H, L, S) when asked for, else None).
+    """
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise AttnlabError("s_aux: attnlab attention has no attention sinks; use eager")
+    causal = _is_causal(module, is_causal, attention_mask, query.shape[-2])
+    mask = attention_mask
+    if kwargs.get("position_bias") is not None:
+        mask, causal = _with_position_bias(kwargs["position_bias"], mask, causal), False
+    if mask is not None and mask.is_floating_point() and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    args = dict(attn_mask=mask, dropout_p=float(dropout or 0.0), is_causal=causal, scale=scaling,
+                enable_gqa=key.shape[-3] != query.shape[-3])
+    if kwargs.get("softcap") is not None:  # Gemma 2: softcap * tanh(scaled score / softcap)
+        args["softcap"] = float(kwargs["softcap"])
+    if not _wants_weights(module, kwargs):
+        out = attention(query, key, value, **args)  # (B, H, L, Dv)
+        return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
+    out, lse = attention(query, key, value, return_lse=True, **args)
+    weights, allowed, scale = exact_weights(query, key, value, lse, **args)
+    if recording.recording():
+        _record(module, query, key, value, allowed, weights, scale, causal)
+    return out.transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+
+def exact_weights(query, key, value, lse, *, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                  **extras):
+    """(weights (B, H, L, S), allowed bool broadcastable to them, scale) from the row log-sum-exp.
+
+    w = exp(scaled masked score - lse): exactly the softmax the op applied, rows summing to 1,
+    an all-masked row 0.
+    """
+    p = make_problem(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=None,
+                     **extras)
+    allowed, bias = p.dense_masks()
+    s = math_backend.scores(p, p.key, allowed, bias)  # (B, H, L, S), -inf where masked
+    lse = lse.to(s.dtype).unsqueeze(-1)  # (B, H, L, 1)
+    w = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    w = torch.where(torch.isfinite(lse), w, torch.zeros_like(w))
+    keep = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)  # HF float masks use dtype min
+    return w, keep, p.scale
+
+
+def _record(module, query, key, value, allowed, weights, scale, causal) -> None:
+    groups = query.shape[-3] // key.shape[-3]
+    k, v = key.detach().double().cpu(), value.detach().double().cpu()
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=-3)  # (B, Hkv, S, D) -> (B, H, S, D)
+        v = v.repeat_interleave(groups, dim=-3)
+    recording.add(recording.AttentionCall(
+        layer=getattr(module, "layer_idx", None), query=query.detach().double().cpu(), key=k,
+        value=v, allowed=allowed.detach().cpu(), weights=weights.detach().double().cpu(),
+        scale=float(scale), causal=causal,
+    ))

@@ -1,0 +1,38 @@
+"""`attnlab generate`: continue a prompt with a GPT trained by `attnlab train`."""
+
+from __future__ import annotations
+
+
+def add_parser(sub):
+    p = sub.add_parser("generate", help="generate text from a trained checkpoint",
+                       description=__doc__)
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="checkpoint directory written by attnlab train")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                   help="sampling temperature; 0 = always the most likely token")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample among the K most likely tokens only")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="the same seed gives the same text")
+    return p
+
+
+def run(args) -> int:
+    from attnlab.models import generate, load_checkpoint
+
+    model, tok = load_checkpoint(args.checkpoint)
+    ids = generate(model, _encode(tok, args.prompt), args.max_new_tokens,
+                   temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    print(tok.decode(ids))
+    return 0
+
+
+def _encode(tok, prompt):
+    from attnlab.errors import AttnlabError
+
+    try:
+        return tok.encode(prompt)
+    except AttnlabError as e:
+        raise AttnlabError(f"--prompt: {e}") from None

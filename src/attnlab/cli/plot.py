@@ -1,0 +1,47 @@
+"""`attnlab plot TEXT -o FILE.png|FILE.svg`: a model's attention as a figure.
+
+No --layer: every layer and head as thumbnails; --layer L: that layer's heads as a grid;
+--layer L --head H: one head with every token labelled. Masked cells are grey and hatched.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub):
+    p = sub.add_parser("plot", help="draw a model's attention on a text as PNG or SVG",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("text", help="the text to run the model on")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="where to write the figure (.png or .svg)")
+    p.add_argument("--layer", type=int, help="one layer (negative counts from the last)")
+    p.add_argument("--head", type=int, help="one head of --layer")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a local model directory (default: the packaged all-MiniLM-L6-v2)")
+    return p
+
+
+def run(args) -> int:
+    from attnlab.cli.explain import _quiet_transformers
+    from attnlab.errors import AttnlabError
+    from attnlab.explain.model import run_model
+    from attnlab.viz.figures import FORMATS, save_plot
+
+    out = Path(args.output)
+    # fail before the model loads (seconds) on what we can check without it
+    if out.suffix.lower() not in FORMATS:
+        raise AttnlabError(f"-o: expected a file ending in .png or .svg, got {args.output!r}")
+    if args.head is not None and args.layer is None:
+        raise AttnlabError(f"--head {args.head}: needs --layer too")
+    if not out.parent.is_dir():
+        raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
+    _quiet_transformers()  # no loading progress bars around our one line of output
+    ma = run_model(args.text, args.model)
+    save_plot(ma, out, args.layer, args.head)
+    what = ("all layers and heads" if args.layer is None else
+            f"layer {args.layer}, all heads" if args.head is None else
+            f"layer {args.layer}, head {args.head}")
+    print(f"wrote {out} ({ma.model_name}, {len(ma.tokens)} tokens, {what})")
+    return 0

@@ -1,0 +1,235 @@
+"""What one token borrows from the others, in every layer and head of a model run.
+
+Works on `ModelAttention`, so Hugging Face models and GPTs attnlab trained share this code.
+
+    >>> att = run_model("The cat sat on the mat because it was tired.")
+    >>> focus = find_token(att.tokens, "it")
+    >>> report = explain_token(att, focus, special={"[CLS]", "[SEP]"})
+    >>> report["detail"]["layer"], report["detail"]["head"]
+
+Ranking ("the top-ranked head"): the head that puts the largest weight on any one other token,
+not counting the token itself and the model's special tokens ([CLS], [SEP], <s>...), where many
+heads park attention they do not need, and leaving out positional heads: a head whose favourite key
+sits at the same offset (previous token, next token) for at least 75% of the text's tokens looks at
+that neighbour whatever the word, so it says little about this word.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnlab.errors import AttnlabError
+from attnlab.explain.capture import ModelAttention
+from attnlab.trace import jsonable
+
+
+def _norm(piece: str) -> str:
+    """A token as plain lower-case text: word-piece and space marks (##, ▁, Ġ, ␣) removed."""
+    for mark in ("\u2581", "\u0120", "\u2423"):
+        piece = piece.replace(mark, "")
+    return piece.removeprefix("##").strip().lower()
+
+
+def _word_edges(tokens: list[str], normed: list[str]):
+    """(starts, ends): may a word start / end at each token? Word pieces ("##red") continue a
+    word; in a character-level text, words are the runs between non-letters."""
+    n = len(tokens)
+    char_level = all(len(t) <= 1 for t in tokens)
+    starts, ends = [], []
+    for i in range(n):
+        cont_next = i + 1 < n and tokens[i + 1].startswith("##")
+        if char_level:
+            starts.append(i == 0 or not normed[i - 1].isalnum())
+            ends.append(i + 1 == n or not normed[i + 1].isalnum())
+        else:
+            starts.append(not tokens[i].startswith("##"))
+            ends.append(not cont_next)
+    return starts, ends
+
+
+def find_word(tokens: list[str], word: str | int) -> list[int]:
+    """The positions of `word` in `tokens`: [i] for a whole token or an index, or the run of
+    word pieces that spell it ("tired" = "ti", "##red"). Whole words first, then any match;
+    first occurrence (pass an index for another). Raises AttnlabError listing the tokens when the
+    word is not there."""
+    if isinstance(word, int) or (isinstance(word, str) and word.strip().lstrip("-").isdigit()):
+        i = int(word)
+        if not -len(tokens) <= i < len(tokens):
+            raise AttnlabError(f"token index {i}: out of range, the text has {len(tokens)} "
+                               f"tokens: {_listing(tokens)}")
+        return [i % len(tokens)]
+    want = _norm(str(word))
+    if not want:
+        raise AttnlabError(f"token {word!r}: empty; give a word of the text or a token index")
+    normed = [_norm(t) for t in tokens]
+    starts, ends = _word_edges(tokens, normed)
+    for whole in (True, False):
+        for i in range(len(tokens)):
+            if not normed[i] or (whole and not starts[i]):
+                continue
+            acc = ""
+            for j in range(i, len(tokens)):
+                acc += normed[j]
+                if acc == want and (ends[j] or not whole):
+                    return list(range(i, j + 1))
+                if not want.startswith(acc):
+                    break
+    raise AttnlabError(f"token {word!r}: not in the text; its tokens are {_listing(tokens)} "
+                       "(pass a word from this list or its index)")
+
+
+def _listing(tokens: list[str]) -> str:
+    return " ".join(f"{i}:{t}" for i, t in enumerate(tokens))
+
+
+def focus_of(att: ModelAttention, pieces: list[int]) -> int:
+    """The piece whose query stands for a split word: the last one in a causal model (it has
+    seen the whole word), the first one otherwise."""
+    return pieces[-1] if att.causal else pieces[0]
+
+
+def _candidates(att: ModelAttention, focus: int, special) -> np.ndarray:
+    """Bool (S,): the tokens `focus` may borrow from that count in rankings."""
+    keep = att.mask[focus].astype(bool).copy()
+    keep[focus] = False
+    for j, tok in enumerate(att.tokens):
+        if tok in special:
+            keep[j] = False
+    return keep
+
+
+def positional_heads(att: ModelAttention, special=(), threshold: float = 0.75) -> dict:
+    """{(layer, head): offset} for heads whose favourite other key is at one fixed offset from
+    the query for at least `threshold` of the (non-special) tokens."""
+    rows = np.array([t not in special for t in att.tokens])
+    idx = np.flatnonzero(rows)
+    if len(idx) < 4:  # too few tokens to tell a habit from a choice
+        return {}
+    w = att.weights[:, :, idx[:, None], idx[None, :]].copy()  # (layers, H, n, n)
+    n = len(idx)
+    w[..., np.arange(n), np.arange(n)] = -1.0  # not itself
+    w = np.where(att.mask[idx[:, None], idx[None, :]], w, -1.0)
+    offset = idx[w.argmax(axis=-1)] - idx  # (layers, H, n)
+    found = {}
+    for l in range(att.n_layers):
+        for h in range(att.n_heads):
+            values, counts = np.unique(offset[l, h], return_counts=True)
+            if counts.max() >= threshold * n:
+                found[(l, h)] = int(values[counts.argmax()])
+    return found
+
+
+def rank_heads(att: ModelAttention, focus: int, special=()) -> list[tuple[int, int, int, float]]:
+    """(layer, head, token, weight) for every head but the positional ones, largest weight on one
+    counted token first."""
+    skip = positional_heads(att, special)
+    keep = _candidates(att, focus, special)
+    if not keep.any():
+        keep = att.mask[focus].astype(bool)
+    w = np.where(keep, att.weights[:, :, focus, :], -1.0)  # (layers, H, S)
+    best = w.argmax(axis=-1)  # (layers, H)
+    rows = [(l, h, int(best[l, h]), float(w[l, h, best[l, h]]))
+            for l in range(att.n_layers) for h in range(att.n_heads) if (l, h) not in skip]
+    if not rows:  # every head positional: rank them all rather than none
+        rows = [(l, h, int(best[l, h]), float(w[l, h, best[l, h]]))
+                for l in range(att.n_layers) for h in range(att.n_heads)]
+    return sorted(rows, key=lambda r: -r[3])
+
+
+def best_head_per_token(att: ModelAttention, focus: int) -> list[dict]:
+    """For each token: the head giving it the most of `focus`'s attention, that weight, and
+    whether it is that head's largest weight (`top_pick`: the head borrows mostly from it)."""
+    w = att.weights[:, :, focus, :].reshape(-1, att.weights.shape[-1])  # (layers*H, S)
+    top = w.argmax(axis=0)
+    favourite = w.argmax(axis=1)  # (layers*H,)
+    return [{"index": j, "token": tok, "layer": int(top[j] // att.n_heads),
+             "head": int(top[j] % att.n_heads), "weight": float(w[top[j], j]),
+             "top_pick": bool(favourite[top[j]] == j), "allowed": bool(att.mask[focus, j])}
+            for j, tok in enumerate(att.tokens)]
+
+
+def target_head(att: ModelAttention, focus: int, target: list[int]) -> tuple[int, int]:
+    """The head whose weights from `focus` to the target's pieces add up highest."""
+    total = att.weights[:, :, focus, :][..., target].sum(axis=-1)  # (layers, H)
+    l, h = np.unravel_index(int(total.argmax()), total.shape)
+    return int(l), int(h)
+
+
+def head_detail(att: ModelAttention, focus: int, layer: int, head: int, top: int = 5) -> dict:
+    """The lesson's table for one head, filled from the model: focus's score with every key,
+    scaled, masked, as a percentage, and the largest contributions to its context vector.
+
+    A contribution is weight_j * value_j; its `share` is its projection on the context vector
+    (all shares add up to 1), its `norm` its length.
+    """
+    _check_head(att, layer, head)
+    t = att.head_trace(layer, head)
+    context = t.output[focus]  # (Dv,)
+    parts = t.weights[focus][:, None] * t.value  # (S, 1) * (S, Dv) -> (S, Dv)
+    denom = float(context @ context) or 1.0
+    share = parts @ context / denom  # (S,)
+    norm = np.linalg.norm(parts, axis=-1)
+    order = np.argsort(-norm)[: max(int(top), 0)]
+    return {
+        "layer": layer, "head": head, "scale": float(att.scale),
+        "scores": t.scores[focus].tolist(), "scaled_scores": t.scaled_scores[focus].tolist(),
+        "mask": att.mask[focus].astype(bool).tolist(), "weights": t.weights[focus].tolist(),
+        "model_weights": att.weights[layer, head, focus].tolist(),
+        "context_norm": float(np.sqrt(denom)) if context.any() else 0.0,
+        "contributions": [{"index": int(j), "token": att.tokens[j],
+                           "weight": float(t.weights[focus][j]), "norm": float(norm[j]),
+                           "share": float(share[j])} for j in order],
+    }
+
+
+def _check_head(att: ModelAttention, layer: int, head: int) -> None:
+    if not 0 <= layer < att.n_layers:
+        raise AttnlabError(f"--layer {layer}: out of range, {att.model_name} has layers "
+                           f"0..{att.n_layers - 1}")
+    if not 0 <= head < att.n_heads:
+        raise AttnlabError(f"--head {head}: out of range, {att.model_name} has heads "
+                           f"0..{att.n_heads - 1}")
+
+
+def explain_token(att: ModelAttention, word: str | int, *, target: str | int | None = None,
+                  layer: int | None = None, head: int | None = None, top: int = 5,
+                  special=()) -> dict:
+    """Everything `attnlab explain` shows, as JSON-ready data.
+
+    The detail head is (layer, head) when both are given, else the head that borrows most from
+    `target`, else the top-ranked head (see the module docstring). `special`: token strings left
+    out of the ranking.
+    """
+    if (layer is None) != (head is None):
+        raise AttnlabError("--layer and --head: give both (0-based) or neither")
+    pieces = find_word(att.tokens, word)
+    focus = focus_of(att, pieces)
+    ranking = rank_heads(att, focus, special)
+    target_pieces = None
+    if layer is not None:
+        _check_head(att, layer, head)
+        chosen, why = (layer, head), "chosen with --layer/--head"
+    elif target is not None:
+        target_pieces = find_word(att.tokens, target)
+        chosen = target_head(att, focus, target_pieces)
+        why = f"the head that borrows most from {target!r}"
+    else:
+        l, h, j, w = ranking[0]
+        chosen = (l, h)
+        why = f"the top-ranked head: {100 * w:.1f}% on {att.tokens[j]!r}"
+    detail = head_detail(att, focus, *chosen, top=top)
+    detail["why"] = why
+    return {
+        "model": att.model_name, "word": str(word), "tokens": list(att.tokens), "focus": focus,
+        "pieces": pieces, "target": target_pieces,
+        "special": [j for j, t in enumerate(att.tokens) if t in special],
+        "causal": bool(att.causal),
+        "heads": [{"layer": l, "head": h, "weights": jsonable(att.weights[l, h, focus])}
+                  for l in range(att.n_layers) for h in range(att.n_heads)],
+        "per_token": best_head_per_token(att, focus),
+        "ranking": [{"layer": l, "head": h, "token": j, "weight": w}
+                    for l, h, j, w in ranking[: max(int(top), 1)]],
+        "positional_heads": [{"layer": l, "head": h, "offset": o}
+                             for (l, h), o in sorted(positional_heads(att, special).items())],
+        "detail": detail,
+    }

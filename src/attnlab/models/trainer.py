@@ -1,0 +1,216 @@
+"""Trainer: AdamW with linear warm-up and cosine decay, gradient clipping, periodic validation,
+a progress bar (loss, tokens/s), and atomic, resumable checkpoints.
+
+Resuming restores the weights, the AdamW moments, the torch RNG state (dropout) and the step;
+batches depend only on (seed, step) (see `batches`), so an interrupted-and-resumed run produces
+the same loss curve as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.models.batches import TokenData, batch
+from attnlab.models.checkpoint import model_from_checkpoint, read_checkpoint, save_checkpoint
+from attnlab.models.config import GPTConfig, TrainConfig
+from attnlab.models.corpus import load_corpus
+from attnlab.models.gpt import GPT
+from attnlab.models.tokenizer import CharTokenizer, tokenizer_from_spec
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to min_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.max_steps - cfg.warmup_steps)
+    t = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * t)) * (cfg.lr - cfg.min_lr)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings only (not biases or LayerNorm gains)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+class Trainer:
+    """Trains a GPT on a token stream; `run()` to train, `save()` to checkpoint."""
+
+    def __init__(self, model: GPT, tokenizer, data: TokenData, config: TrainConfig, *,
+                 out=None, progress: bool = False):
+        self.model, self.tokenizer, self.data, self.config = model, tokenizer, data, config
+        self.out = None if out is None else Path(out)
+        self.progress = progress
+        self.optimizer = make_optimizer(model, config)
+        self.step = 0
+        self.history: list[dict] = []  # per step: {"step", "loss", "lr"}
+        self.val_history: list[dict] = []  # per validation: {"step", "val_loss"}
+        self.tokens_seen, self.elapsed_s = 0, 0.0
+        self._stop_requested = False
+
+    @classmethod
+    def start(cls, preset: str = "tiny", *, out=None, progress: bool = False,
+              model_overrides: dict | None = None, **train_overrides) -> Trainer:
+        """A fresh run of a named preset on its bundled corpus."""
+        tcfg = TrainConfig.from_name(preset, **train_overrides)
+        text = load_corpus(tcfg.corpus)
+        tok = CharTokenizer.from_text(text)
+        mcfg = GPTConfig.from_name(preset, vocab_size=tok.vocab_size, **(model_overrides or {}))
+        data = TokenData.split(tok.encode(text), tcfg.val_fraction, mcfg.block_size)
+        torch.manual_seed(tcfg.seed)  # the initial weights, and dropout after that
+        return cls(GPT(mcfg), tok, data, tcfg, out=out, progress=progress)
+
+    @classmethod
+    def resume(cls, out, *, progress: bool = False, max_steps: int | None = None) -> Trainer:
+        """Continue the run checkpointed in `out`; `max_steps` moves its end and the schedule's."""
+        ck = read_checkpoint(out, with_trainer=True)
+        if ck.doc.get("train") is None:
+            raise AttnlabError(f"resume: {out} holds a model without training state")
+        tcfg = TrainConfig.from_dict(ck.doc["train"])
+        if max_steps is not None:
+            tcfg = TrainConfig.from_dict({**tcfg.to_dict(), "max_steps": max_steps})
+        tok = tokenizer_from_spec(ck.doc["tokenizer"])
+        model = model_from_checkpoint(ck)
+        data = TokenData.split(tok.encode(load_corpus(tcfg.corpus)), tcfg.val_fraction,
+                               model.config.block_size)
+        self = cls(model, tok, data, tcfg, out=out, progress=progress)
+        self._load_trainer_tensors(ck.trainer_tensors)
+        state = ck.doc["state"]
+        self.step, self.history, self.val_history = state["step"], state["history"], state["val"]
+        self.tokens_seen, self.elapsed_s = state["tokens_seen"], state["elapsed_s"]
+        return self
+
+    # -- one step, one validation ------------------------------------------------------------
+
+    def train_step(self) -> float:
+        cfg, model = self.config, self.model
+        model.train()
+        lr = lr_at(self.step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = batch(self.data.train, cfg.batch_size, model.config.block_size, cfg.seed,
+                     self.step)
+        _, loss = model(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.step += 1
+        self.tokens_seen += x.numel()
+        self.history.append({"step": self.step, "loss": loss.item(), "lr": lr})
+        return self.history[-1]["loss"]
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over a fixed set of validation batches (the same ones every time)."""
+        cfg, model = self.config, self.model
+        model.eval()
+        losses = [model(*batch(self.data.val, cfg.batch_size, model.config.block_size,
+                               cfg.seed + 1, i))[1].item() for i in range(cfg.eval_batches)]
+        return sum(losses) / len(losses)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, stop_after: int | None = None, *, handle_interrupt: bool = False) -> list[dict]:
+        """Train to config.max_steps (or `stop_after` steps from now), validating and saving every
+        eval_interval steps and at the end. With handle_interrupt, Ctrl-C finishes the current
+        step, saves, and then raises KeyboardInterrupt."""
+        cfg = self.config
+        end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
+        bar = self._bar(end)
+        rate = 0.0
+        with self._interrupts(handle_interrupt):
+            while self.step < end:
+                t0 = time.perf_counter()
+                loss = self.train_step()
+                dt = time.perf_counter() - t0
+                self.elapsed_s += dt
+                tps = cfg.batch_size * self.model.config.block_size / max(dt, 1e-9)
+                rate = tps if rate == 0 else 0.9 * rate + 0.1 * tps
+                if self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps:
+                    self.val_history.append({"step": self.step, "val_loss": self.evaluate()})
+                    self.save()
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(self._postfix(loss, rate), refresh=False)
+                if self._stop_requested:
+                    self.save()
+                    raise KeyboardInterrupt
+        if bar is not None:
+            bar.close()
+        if stop_after is not None:
+            self.save()
+        return self.history
+
+    def state(self) -> dict:
+        return {"step": self.step, "history": self.history, "val": self.val_history,
+                "tokens_seen": self.tokens_seen, "elapsed_s": self.elapsed_s}
+
+    def save(self) -> Path | None:
+        if self.out is None:
+            return None
+        return save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
+                               state=self.state(), trainer_tensors=self._trainer_tensors())
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _postfix(self, loss, rate):
+        post = {"loss": f"{loss:.3f}", "tok/s": f"{rate:,.0f}"}
+        if self.val_history:
+            post["val"] = f"{self.val_history[-1]['val_loss']:.3f}"
+        return post
+
+    def _bar(self, end):
+        if not self.progress:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:  # the bar is a nicety: train without it
+            return None
+        return tqdm(total=end, initial=self.step, desc="train", unit="step", file=sys.stderr,
+                    dynamic_ncols=True)
+
+    @contextlib.contextmanager
+    def _interrupts(self, enabled: bool):
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum, frame):
+            self._stop_requested = True
+
+        previous = signal.signal(signal.SIGINT, request_stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _trainer_tensors(self) -> dict:
+        """AdamW moments by parameter index, and the torch RNG state (dropout masks)."""
+        tensors = {"rng.torch": torch.get_rng_state()}
+        for idx, s in self.optimizer.state_dict()["state"].items():
+            for k, v in s.items():
+                tensors[f"adamw.{idx}.{k}"] = torch.as_tensor(v).detach().clone()
+        return tensors
+
+    def _load_trainer_tensors(self, tensors: dict) -> None:
+        sd = self.optimizer.state_dict()
+        state: dict[int, dict] = {}
+        for name, v in tensors.items():
+            if name.startswith("adamw."):
+                _, idx, k = name.split(".", 2)
+                state.setdefault(int(idx), {})[k] = v
+        self.optimizer.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+        torch.set_rng_state(tensors["rng.torch"])

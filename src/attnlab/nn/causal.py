@@ -1,0 +1,92 @@
+"""CausalSelfAttention: the attention block of a GPT, with KV-cache decoding and optional RoPE.
+
+Without a cache every token sees itself and the tokens before it (top-left causal, the fused
+kernel's `is_causal=True`). With a cache, L new queries follow the cache's earlier keys, so the
+causal diagonal is aligned bottom-right: query i of the new tokens sees keys j <= i + (S - L).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from attnlab import masks
+from attnlab.errors import AttnlabError, check_dropout
+from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.mha import _check_heads
+from attnlab.nn.rotary import RotaryEmbedding
+from attnlab.nn.weights import attend
+
+
+class AttentionRecord(NamedTuple):
+    """What one attention layer computed: per-head q (B, H, L, D), k, v (B, Hkv, S, D) as
+    used (after rotary, with the cache), weights (B, H, L, S) or None, and the scale."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    weights: torch.Tensor | None
+    scale: float
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention over (B, L, d_model) with n_heads query and n_kv_heads k/v heads."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *,
+                 bias: bool = True, dropout: float = 0.0, rotary: bool = False,
+                 rope_base: float = 10000.0):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_heads(d_model, n_heads, n_kv_heads)
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = check_dropout(dropout)
+        # one projection for q, k and v: a single matmul instead of three
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = RotaryEmbedding(self.head_dim, rope_base) if rotary else None
+        self.kernel = None  # None = attnlab.attention; benchmarks swap in a peer
+
+    def new_cache(self, batch_size: int, max_length: int, *, dtype=None, device=None) -> KVCache:
+        w = self.qkv.weight
+        return KVCache(batch_size, self.n_kv_heads, max_length, self.head_dim,
+                       dtype=dtype or w.dtype, device=device or w.device)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None,
+                record: list | None = None) -> torch.Tensor:
+        """(B, L, d_model) -> (B, L, d_model). With `cache`, x holds the tokens after the cached
+        ones; with `record` (a list), an AttentionRecord with the weights is appended."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise AttnlabError(f"x: expected (B, L, d_model={self.d_model}), got "
+                               f"{tuple(x.shape)}")
+        B, L, _ = x.shape
+        start = cache.length if cache is not None else 0
+        q, k, v = self.project(x, start)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, Hkv, start + L, D)
+            # the new queries are the last L positions: causal aligned to the bottom-right corner
+            mask, is_causal = masks.causal(align="bottom_right"), False
+        else:
+            mask, is_causal = None, True
+        out, w = attend(q, k, v, need_weights=record is not None, mask=mask, is_causal=is_causal,
+                        dropout_p=self.dropout if self.training else 0.0, kernel=self.kernel)
+        if record is not None:
+            record.append(AttentionRecord(q, k, v, w, self.head_dim ** -0.5))
+        y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
+        return self.out_proj(y)
+
+    def project(self, x: torch.Tensor, start: int = 0):
+        """q (B, H, L, D), k and v (B, Hkv, L, D) of x, rotated for positions start..start+L-1."""
+        B, L, _ = x.shape
+        D = self.head_dim
+        qkv = self.qkv(x)  # (B, L, (H + 2·Hkv)·D)
+        q, k, v = qkv.split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D], dim=-1)
+        q = q.view(B, L, self.n_heads, D).transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
+        k = k.view(B, L, self.n_kv_heads, D).transpose(1, 2)  # -> (B, Hkv, L, D)
+        v = v.view(B, L, self.n_kv_heads, D).transpose(1, 2)  # -> (B, Hkv, L, D)
+        if self.rotary is not None:
+            pos = torch.arange(start, start + L, device=x.device)
+            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        return q, k, v

@@ -1,0 +1,53 @@
+"""Backend "tiled": memory-efficient online-softmax attention that skips masked-out tiles.
+
+Three layers, as in flash-attention: `tiled_fwd._fwd` / `tiled_bwd._bwd` are pure functions,
+`TiledAttention` is the thin autograd Function (it saves q, k, v, out and lse: nothing of size
+L×S), and `forward` is the runner the dispatcher calls.
+
+Caution: no gradient flows to a float `attn_mask` or to ALiBi slopes (they are constants here;
+"auto" picks the math backend when a float mask needs a gradient), nor through the returned lse.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.ops import math as math_backend
+from attnlab.ops import tiled_fused
+from attnlab.ops.problem import Problem
+from attnlab.ops.tiled_bwd import _bwd
+from attnlab.ops.tiled_fwd import _fwd
+from attnlab.ops.tiled_scores import Setup, make_setup
+
+
+class TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, st: Setup):
+        out, lse = _fwd(st, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.st = st
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _bwd(ctx.st, q, k, v, out, lse, dout.contiguous())
+        return dq, dk, dv, None
+
+
+def forward(p: Problem, need_lse: bool = True, *, fused: bool | None = None):
+    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) in the accumulation dtype).
+
+    fused: run each chunk on PyTorch's fused flash kernel (default: wherever it applies) or on
+    plain PyTorch ops (False; always available).
+    """
+    d = p.dims
+    if d.L == 0 or d.S == 0 or d.D == 0:
+        return math_backend.forward(p)  # nothing to tile; the math path has the semantics
+    st = make_setup(p, fused=tiled_fused.available(p) if fused is None else fused)
+    q = p.query.reshape(st.B, d.H, d.L, d.D)  # (..., H, L, D) -> (B, H, L, D)
+    k = p.key.reshape(st.B, d.Hkv, d.S, d.D)
+    v = p.value.reshape(st.B, d.Hkv, d.S, d.Dv)
+    out, lse = TiledAttention.apply(q, k, v, st)
+    return out.reshape(*p.query.shape[:-1], d.Dv), lse.reshape(p.query.shape[:-1])

@@ -1,0 +1,107 @@
+"""The tiled kernel's inner step on PyTorch's fused CPU flash kernel, where it applies.
+
+`aten._scaled_dot_product_flash_attention_for_cpu` computes one chunk (a block of query rows ×
+a contiguous key range) in cache-sized tiles with fused exp/sum, and returns the chunk's lse;
+partial results of several chunks merge exactly through their lse:
+
+    lse = logaddexp(lse_a, lse_b);   out = out_a·exp(lse_a - lse) + out_b·exp(lse_b - lse)
+
+Its backward, given the *global* out and lse, returns that chunk's exact share of dq, dk, dv
+(P = exp(s - lse), δ = rowsum(dO·out)). So the plan decides which keys are visited (empty tiles
+never are) and the fused kernel does the arithmetic; a masked chunk gets its own small float mask.
+
+Used when the device has the kernel, D == Dv, no dropout, no softcap/ALiBi (the pure PyTorch
+chunk loop in `tiled_fwd`/`tiled_bwd` covers those). Grouped heads are stacked along the rows.
+The kernel reports lse 0 for a row it saw fully masked; such rows are set to -inf here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.ops.tiled_scores import Setup, alive_columns, chunk_allowed, heads5
+
+_FWD = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def available(p) -> bool:
+    return (
+        p.query.device.type == "cpu"
+        and hasattr(torch.ops.aten, _FWD)
+        and p.dims.Dv == p.dims.D
+        and p.dropout_p == 0
+        and not p.has_modifiers
+        and p.query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    )
+
+
+def _rows(st: Setup, x5: torch.Tensor, q0: int, q1: int) -> torch.Tensor:
+    """(B, Hkv, G, L, E) rows q0:q1 as (B, Hkv, G·bq, E); a view when G = 1."""
+    return x5[:, :, :, q0:q1].reshape(st.B, st.Hkv, st.G * (q1 - q0), x5.shape[-1])
+
+
+def _chunk_inputs(st: Setup, k, v, q0, q1, ch, dtype):
+    """k, v of the chunk (zeroed where no row attends), its float mask and row liveness or None."""
+    kc, vc = k[:, :, ch.k0:ch.k1], v[:, :, ch.k0:ch.k1]  # (B, Hkv, ck, D)
+    if not ch.masked:
+        return kc, vc, None, None
+    key = (q0 - ch.k0, q1 - q0, ch.k1 - ch.k0)
+    if st.shift_invariant and st.finite and key in st.cache:
+        return kc, vc, *st.cache[key]  # the same diagonal offset has the same mask
+    allowed = chunk_allowed(st, q0, q1, ch, k.device)  # (B|1, Hkv|1, G|1, bq, ck)
+    if not st.finite:  # 0·NaN is NaN: zero the columns no row of this chunk attends
+        alive = alive_columns(st, allowed).view(st.B, st.Hkv, -1, 1)
+        kc, vc = torch.where(alive, kc, 0), torch.where(alive, vc, 0)
+    zero = torch.zeros((), dtype=dtype, device=k.device)
+    bias = torch.where(allowed, zero, float("-inf"))
+    if st.bias is not None and st.bias.dtype != torch.bool:
+        b = st.bias
+        b = b[:, :, q0:q1] if b.shape[2] > 1 else b
+        b = b[:, :, :, ch.k0:ch.k1] if b.shape[3] > 1 else b
+        bias = bias + heads5(b, st).to(dtype)
+    Bb, Hb, _, bq, ck = bias.shape
+    bias = bias.expand(Bb, Hb, st.G, bq, ck).reshape(Bb, Hb, st.G * bq, ck)  # (.., G·bq, ck)
+    rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq)
+    row_alive = rows.expand(*rows.shape[:2], st.G, bq).reshape(*rows.shape[:2], st.G * bq)
+    row_alive = None if bool(row_alive.all()) else row_alive
+    if st.shift_invariant:
+        st.cache[key] = (bias, row_alive)
+    return kc, vc, bias, row_alive
+
+
+def fwd_rows(st: Setup, q5, k, v, q0, q1, chunks):
+    """(out (B, Hkv, G·bq, Dv), lse (B, Hkv, G·bq) fp32|fp64) for one row block; out is in q's
+    dtype for one chunk, in the lse's dtype when chunks were merged."""
+    qb = _rows(st, q5, q0, q1)
+    out = lse = None
+    for ch in chunks:
+        kc, vc, bias, row_alive = _chunk_inputs(st, k, v, q0, q1, ch, q5.dtype)
+        o, l = getattr(torch.ops.aten, _FWD)(qb, kc, vc, 0.0, False, attn_mask=bias,
+                                              scale=st.scale)  # (B, Hkv, G·bq, Dv), (.., G·bq)
+        if row_alive is not None:
+            l = torch.where(row_alive, l, float("-inf"))
+        if out is None:
+            out, lse = o, l
+            continue
+        new = torch.logaddexp(lse, l)
+        safe = torch.where(new == float("-inf"), 0.0, new)
+        wa, wb = torch.exp(lse - safe)[..., None], torch.exp(l - safe)[..., None]
+        out = out.to(wa.dtype) * wa + o.to(wa.dtype) * wb  # merged in fp32 for fp16/bf16
+        lse = new
+    return out, lse
+
+
+def bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv):
+    """dq rows (B, Hkv, G·bq, D) in the accumulation dtype; adds this block's dk, dv shares."""
+    qb, ob, dob = _rows(st, q5, q0, q1), _rows(st, out5, q0, q1), _rows(st, do5, q0, q1)
+    lb = lse5[:, :, :, q0:q1].reshape(st.B, st.Hkv, -1)
+    lb = torch.where(lb == float("-inf"), float("inf"), lb)  # dead rows: P = exp(s - inf) = 0
+    dq = None
+    for ch in chunks:
+        kc, vc, bias, _ = _chunk_inputs(st, k, v, q0, q1, ch, q5.dtype)
+        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dob, qb, kc, vc, ob, lb, 0.0, False, attn_mask=bias, scale=st.scale)
+        dq = gq.to(dk.dtype) if dq is None else dq + gq
+        dk[:, :, ch.k0:ch.k1] += gk
+        dv[:, :, ch.k0:ch.k1] += gv
+    return dq

@@ -1,0 +1,443 @@
+/* attnlab views: head view, model view, step view, PNG/SVG export. No network, no libraries.
+   Tokens are only ever written with textContent (never innerHTML), so any text stays text. */
+(function () {
+  "use strict";
+  var NS = "http://www.w3.org/2000/svg";
+  var FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif";
+  var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#e6550d", "#8c564b",
+                 "#d6338a", "#138d90", "#7a7a00", "#555555", "#393b79", "#ad494a"];
+  var state = { data: null, layer: 0, head: 0, token: 0, view: "head", pinned: null };
+
+  function $(id) { return document.getElementById(id); }
+
+  function bytes(b64) {
+    var bin = atob(b64), out = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  function floats(b64) { return b64 == null ? null : new Float32Array(bytes(b64).buffer); }
+
+  function load(raw) {
+    var d = {};
+    for (var k in raw) d[k] = raw[k];
+    d.W = floats(raw.weights);  // (layers, H, L, S)
+    d.M = bytes(raw.mask);      // (L, S), 1 = may attend
+    d.Q = floats(raw.queries);  // (layers, H, L, D)
+    d.K = floats(raw.keys);     // (layers, H, S, D)
+    d.V = floats(raw.values);   // (layers, H, S, Dv)
+    return d;
+  }
+  function weight(l, h, i, j) {
+    var d = state.data;
+    return d.W[((l * d.n_heads + h) * d.L + i) * d.S + j];
+  }
+  function allowed(i, j) { return state.data.M[i * state.data.S + j] === 1; }
+  function row(A, l, h, i, n, D) {
+    var o = ((l * state.data.n_heads + h) * n + i) * D;
+    return A.subarray(o, o + D);
+  }
+  function pct(x) { return (100 * x).toFixed(1) + "%"; }
+  function num(x) {
+    if (x === -Infinity) return "\u2212\u221e";
+    return (x < 0 ? "\u2212" : "") + Math.abs(x).toFixed(3);
+  }
+  function vecText(v, n) {
+    var parts = [];
+    for (var i = 0; i < Math.min(n, v.length); i++) parts.push(num(v[i]));
+    return "[" + parts.join(", ") + (v.length > n ? ", \u2026" : "") + "]";
+  }
+  function short(t, n) { return t.length > n ? t.slice(0, n - 1) + "\u2026" : t; }
+
+  function el(name, attrs, text) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text != null) e.textContent = text;
+    return e;
+  }
+  function label(x, y, text, extra) {
+    var a = { x: x, y: y, "font-family": FONT, "font-size": 13, fill: "#222" };
+    for (var k in extra || {}) a[k] = extra[k];
+    return el("text", a, text);
+  }
+  function newDrawing(width, height) {
+    var svg = $("drawing");
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+    svg.setAttribute("data-view", state.view);
+    svg.setAttribute("data-layer", state.layer);
+    svg.setAttribute("data-head", state.head);
+    svg.appendChild(el("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }));
+    return svg;
+  }
+  function readout(text) { $("readout").textContent = text; }
+
+  // ---- head view: each token (left) to the tokens it borrows from (right), opacity = weight
+  function drawHead() {
+    var d = state.data, l = state.layer, h = state.head, rowH = 22, top = 34;
+    var longest = 0;
+    d.tokens.forEach(function (t) { longest = Math.max(longest, Math.min(t.length, 18)); });
+    var colW = 16 + 8 * longest, pctW = 58, gap = 240;
+    var xL = pctW + colW, xR = xL + gap;
+    var width = xR + colW + pctW, height = top + rowH * Math.max(d.L, d.S) + 10;
+    var svg = newDrawing(width, height);
+    svg.appendChild(label(10, 20, "layer " + l + ", head " + h + ": each token (left) borrows from " +
+                          "(right); line opacity = weight", { "font-size": 12, fill: "#555" }));
+    var color = PALETTE[h % PALETTE.length], links = el("g", { "class": "links" });
+    var byQuery = [], byKey = [];
+    for (var i = 0; i < d.L; i++) byQuery.push([]);
+    for (var j = 0; j < d.S; j++) byKey.push([]);
+    for (i = 0; i < d.L; i++) {
+      for (j = 0; j < d.S; j++) {
+        var w = weight(l, h, i, j);
+        if (!allowed(i, j) || w < 0.002) continue;  // invisible anyway; keeps the page light
+        var line = el("line", { "class": "link", x1: xL + 6, y1: top + rowH * i + 11,
+                                x2: xR - 6, y2: top + rowH * j + 11, stroke: color,
+                                "stroke-width": 2, "stroke-opacity": w.toFixed(4),
+                                "data-i": i, "data-j": j });
+        links.appendChild(line);
+        byQuery[i].push(line);
+        byKey[j].push(line);
+      }
+    }
+    svg.appendChild(links);
+    var qPct = [], kPct = [];
+    function side(n, isQuery) {
+      var g = el("g", { "class": isQuery ? "queries" : "keys" });
+      for (var t = 0; t < n; t++) {
+        var y = top + rowH * t;
+        var tg = el("g", { "class": "tok " + (isQuery ? "q" : "k"), "data-index": t,
+                           cursor: "pointer" });
+        tg.appendChild(el("rect", { x: isQuery ? pctW : xR, y: y, width: colW, height: rowH - 2,
+                                    fill: "#fff", "fill-opacity": 0 }));
+        tg.appendChild(label(isQuery ? xL - 4 : xR + 4, y + 15, short(d.tokens[t], 18),
+                             { "text-anchor": isQuery ? "end" : "start" }));
+        tg.appendChild(el("title", {}, d.tokens[t]));
+        var p = label(isQuery ? 4 : xR + colW + 4, y + 15, "",
+                      { "class": "pct", "font-size": 12, fill: color });
+        (isQuery ? qPct : kPct).push(p);
+        g.appendChild(p);
+        g.appendChild(tg);
+        hookToken(tg, t, isQuery);
+      }
+      svg.appendChild(g);
+    }
+    function isolate(lines) {
+      links.querySelectorAll(".link").forEach(function (x) { x.setAttribute("display", "none"); });
+      lines.forEach(function (x) { x.removeAttribute("display"); });
+    }
+    function reset() {
+      links.querySelectorAll(".link").forEach(function (x) { x.removeAttribute("display"); });
+      qPct.concat(kPct).forEach(function (p) { p.textContent = ""; });
+      readout("Hover a token to see its weights; click one on the left to pin it.");
+      svg.querySelectorAll(".tok.q text").forEach(function (x, t) {
+        x.setAttribute("font-weight", t === state.pinned ? "bold" : "normal");
+      });
+      if (state.pinned != null && state.pinned < d.L) focus(state.pinned, true);
+    }
+    function focus(t, isQuery) {
+      isolate(isQuery ? byQuery[t] : byKey[t]);
+      qPct.concat(kPct).forEach(function (p) { p.textContent = ""; });
+      var ranked = [];
+      for (var o = 0; o < (isQuery ? d.S : d.L); o++) {
+        var qi = isQuery ? t : o, kj = isQuery ? o : t, on = allowed(qi, kj);
+        var wv = weight(l, h, qi, kj);
+        (isQuery ? kPct : qPct)[o].textContent = on ? pct(wv) : "masked";
+        if (on) ranked.push([wv, o]);
+      }
+      ranked.sort(function (a, b) { return b[0] - a[0]; });
+      var top5 = ranked.slice(0, 5).map(function (r) {
+        return "\u201c" + d.tokens[r[1]] + "\u201d " + pct(r[0]);
+      }).join(", ");
+      readout("\u201c" + d.tokens[t] + "\u201d " + (isQuery ? "borrows from: " :
+              "is borrowed by: ") + top5);
+    }
+    function hookToken(tg, t, isQuery) {
+      tg.addEventListener("mouseenter", function () { focus(t, isQuery); });
+      tg.addEventListener("mouseleave", reset);
+      if (!isQuery) return;
+      tg.addEventListener("click", function () {
+        state.pinned = state.pinned === t ? null : t;
+        setToken(t);
+        reset();
+      });
+    }
+    side(d.L, true);
+    side(d.S, false);
+    reset();
+  }
+
+  // ---- model view: layers x heads heatmap thumbnails; click one to open it in the head view
+  function heatmapURL(l, h) {
+    var d = state.data, c = document.createElement("canvas");
+    c.width = d.S;
+    c.height = d.L;
+    var ctx = c.getContext("2d"), img = ctx.createImageData(d.S, d.L);
+    for (var i = 0; i < d.L; i++) {
+      for (var j = 0; j < d.S; j++) {
+        var o = 4 * (i * d.S + j), w = weight(l, h, i, j);
+        var rgb = allowed(i, j) ? [255 - 247 * w, 255 - 207 * w, 255 - 148 * w] : [200, 200, 200];
+        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2];
+        img.data[o + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    return c.toDataURL("image/png");
+  }
+  function drawModel() {
+    var d = state.data, cell = Math.max(44, Math.min(90, 4 * d.L)), pad = 8, left = 40, top = 48;
+    var width = Math.max(560, left + d.n_heads * (cell + pad) + 10), height = top + d.n_layers * (cell + pad) + 10;
+    var svg = newDrawing(width, height);
+    svg.appendChild(label(10, 18, "model view: rows = layers, columns = heads (click one to open " +
+                          "it; grey = masked)", { "font-size": 12, fill: "#555" }));
+    for (var h = 0; h < d.n_heads; h++) {
+      svg.appendChild(label(left + h * (cell + pad) + cell / 2, top - 8, "H" + h,
+                            { "text-anchor": "middle", "font-size": 11 }));
+    }
+    for (var l = 0; l < d.n_layers; l++) {
+      svg.appendChild(label(4, top + l * (cell + pad) + cell / 2 + 4, "L" + l, { "font-size": 11 }));
+      for (h = 0; h < d.n_heads; h++) {
+        var x = left + h * (cell + pad), y = top + l * (cell + pad);
+        var g = el("g", { "class": "thumb", "data-layer": l, "data-head": h, cursor: "pointer" });
+        g.appendChild(el("image", { x: x, y: y, width: cell, height: cell, href: heatmapURL(l, h),
+                                    preserveAspectRatio: "none",
+                                    style: "image-rendering: pixelated" }));
+        var current = l === state.layer && h === state.head;
+        g.appendChild(el("rect", { x: x, y: y, width: cell, height: cell, fill: "none",
+                                   stroke: current ? "#d62728" : "#999",
+                                   "stroke-width": current ? 3 : 1 }));
+        g.appendChild(el("title", {}, "layer " + l + ", head " + h));
+        g.addEventListener("click", openThumb.bind(null, l, h));
+        svg.appendChild(g);
+      }
+    }
+    readout("Click a thumbnail to open that head.");
+  }
+  function openThumb(l, h) {
+    state.layer = l;
+    state.head = h;
+    state.view = "head";
+    render();
+  }
+
+  // ---- step view: the lesson's pipeline for one token and head, with the model's numbers
+  function steps(l, h, i) {
+    var d = state.data, q = row(d.Q, l, h, i, d.L, d.D), r = [];
+    for (var j = 0; j < d.S; j++) {
+      var k = row(d.K, l, h, j, d.S, d.D), s = 0;
+      for (var t = 0; t < d.D; t++) s += q[t] * k[t];
+      r.push({ score: s, scaled: s * d.scale, masked: allowed(i, j) ? s * d.scale : -Infinity });
+    }
+    var m = -Infinity;
+    r.forEach(function (x) { m = Math.max(m, x.masked); });
+    var total = 0;
+    r.forEach(function (x) { x.e = m === -Infinity ? 0 : Math.exp(x.masked - m); total += x.e; });
+    var out = new Float64Array(d.Dv);
+    r.forEach(function (x, j) {
+      x.p = total > 0 ? x.e / total : 0;
+      var v = row(d.V, l, h, j, d.S, d.Dv);
+      x.v = v;
+      for (var t = 0; t < d.Dv; t++) out[t] += x.p * v[t];
+    });
+    return { q: q, rows: r, out: out };
+  }
+  function drawStep() {
+    var d = state.data, l = state.layer, h = state.head, i = state.token, rowH = 22;
+    var hasQKV = d.Q && d.K && d.V;
+    var cols = hasQKV ? [0, 150, 235, 320, 410, 560, 650] : [0, 150, 260];
+    var width = hasQKV ? 960 : 560, top = hasQKV ? 118 : 70, height = top + rowH * d.S + 70;
+    var svg = newDrawing(width, height);
+    svg.setAttribute("data-token", i);
+    svg.appendChild(label(10, 20, "step view: layer " + l + ", head " + h + ", token " + i +
+                          " \u201c" + d.tokens[i] + "\u201d", { "font-weight": "bold" }));
+    var st = hasQKV ? steps(l, h, i) : null;
+    if (hasQKV) {
+      svg.appendChild(label(10, 42, "1 compare q\u00b7k \u2192 2 scale \u00d7 " + d.scale.toFixed(4) +
+                            " \u2192 3 mask (\u2212\u221e where not allowed) \u2192 4 softmax % " +
+                            "\u2192 5 borrow \u03a3 weight \u00d7 value", { "font-size": 12, fill: "#555" }));
+      svg.appendChild(label(10, 64, "query q = " + vecText(st.q, 6) + "  (" + d.D + " dims)",
+                            { "font-size": 12, "font-family": "DejaVu Sans Mono, monospace" }));
+    } else {
+      svg.appendChild(label(10, 42, "This capture has weights only (no queries, keys, values): " +
+                            "showing the softmax step.", { "font-size": 12, fill: "#a33" }));
+    }
+    var heads = hasQKV ? ["key", "1 q\u00b7k", "2 scaled", "3 masked", "4 softmax", "model",
+                          "5 weight \u00d7 value"] : ["key", "model's weight", ""];
+    heads.forEach(function (t, c) {
+      svg.appendChild(label(10 + cols[c], top - 10, t, { "font-weight": "bold", "font-size": 12 }));
+    });
+    var maxDiff = 0, mono = { "font-family": "DejaVu Sans Mono, monospace", "font-size": 12 };
+    for (var j = 0; j < d.S; j++) {
+      var y = top + rowH * j, on = allowed(i, j), mw = weight(l, h, i, j);
+      var g = el("g", { "class": "step-row", "data-j": j });
+      g.appendChild(label(10, y + 15, short(d.tokens[j], 16), { fill: on ? "#222" : "#aaa" }));
+      if (hasQKV) {
+        var r = st.rows[j];
+        maxDiff = Math.max(maxDiff, Math.abs(r.p - (on ? mw : 0)));
+        [num(r.score), num(r.scaled), num(r.masked)].forEach(function (t, c) {
+          g.appendChild(label(10 + cols[c + 1], y + 15, t, mono));
+        });
+        g.appendChild(el("rect", { x: 10 + cols[4], y: y + 3, width: 90 * r.p, height: rowH - 6,
+                                   fill: "#4a7ab7" }));
+        g.appendChild(label(10 + cols[4] + 96, y + 15, pct(r.p),
+                            { "class": "softmax", "font-size": 12 }));
+        g.appendChild(label(10 + cols[5], y + 15, on ? pct(mw) : "masked",
+                            { "font-size": 12, fill: "#555" }));
+        var contrib = Array.prototype.map.call(r.v.subarray(0, 3), function (v) { return r.p * v; });
+        g.appendChild(label(10 + cols[6], y + 15, vecText(contrib, 3) + " \u2026", mono));
+      } else {
+        g.appendChild(el("rect", { x: 10 + cols[1], y: y + 3, width: 90 * (on ? mw : 0),
+                                   height: rowH - 6, fill: "#4a7ab7" }));
+        g.appendChild(label(10 + cols[1] + 96, y + 15, on ? pct(mw) : "masked",
+                            { "class": "softmax", "font-size": 12 }));
+      }
+      svg.appendChild(g);
+    }
+    if (hasQKV) {
+      var yb = top + rowH * d.S + 24;
+      svg.appendChild(label(10, yb, "output = \u03a3 weight \u00d7 value = " + vecText(st.out, 6) +
+                            "  (" + d.Dv + " dims)", mono));
+      svg.appendChild(label(10, yb + 22, "check: max |softmax here \u2212 model's weight| = " +
+                            maxDiff.toExponential(1), { "font-size": 12, fill: "#555",
+                                                        "class": "check" }));
+    }
+    readout("Token " + i + " \u201c" + d.tokens[i] + "\u201d in layer " + l + ", head " + h + ".");
+  }
+
+  // ---- controls, export
+  function fill(select, n, name) {
+    while (select.firstChild) select.removeChild(select.firstChild);
+    for (var t = 0; t < n; t++) {
+      var o = document.createElement("option");
+      o.value = String(t);
+      o.textContent = name(t);
+      select.appendChild(o);
+    }
+  }
+  function setToken(t) {
+    state.token = t;
+    $("token").value = String(t);
+  }
+  function render() {
+    var d = state.data;
+    if (!d) return;
+    $("layer").value = String(state.layer);
+    $("head").value = String(state.head);
+    $("token").value = String(state.token);
+    document.querySelectorAll(".tab").forEach(function (b) {
+      b.setAttribute("aria-pressed", String(b.getAttribute("data-view") === state.view));
+    });
+    if (state.view === "model") drawModel();
+    else if (state.view === "step") drawStep();
+    else drawHead();
+  }
+  function show(raw) {
+    var d = load(raw);
+    if (state.data !== null) state.pinned = null;  // a new sentence: the old pin means nothing
+    state.data = d;
+    state.layer = Math.min(state.layer, d.n_layers - 1);
+    state.head = Math.min(state.head, d.n_heads - 1);
+    state.token = Math.min(state.token, d.L - 1);
+    fill($("layer"), d.n_layers, String);
+    fill($("head"), d.n_heads, String);
+    fill($("token"), d.L, function (t) { return t + ": " + short(d.tokens[t], 24); });
+    $("title").textContent = d.text == null ? d.tokens.join(" ") : d.text;
+    $("meta").textContent = d.model + " \u00b7 " + d.n_layers + " layers \u00d7 " + d.n_heads +
+      " heads \u00b7 " + d.L + " tokens" + (d.causal ? " \u00b7 causal" : "");
+    render();
+  }
+  function svgText() {
+    var svg = $("drawing").cloneNode(true);
+    svg.setAttribute("xmlns", NS);
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + new XMLSerializer().serializeToString(svg);
+  }
+  function download(blob, name) {
+    var a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = name;
+    document.body.appendChild(a);
+    a.click();
+    setTimeout(function () { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+  }
+  function baseName() { return "attention-" + state.view + "-L" + state.layer + "H" + state.head; }
+  function exportSVG() {
+    download(new Blob([svgText()], { type: "image/svg+xml" }), baseName() + ".svg");
+  }
+  function exportPNG() {
+    var svg = $("drawing"), w = +svg.getAttribute("width"), h = +svg.getAttribute("height");
+    var img = new Image();
+    img.onload = function () {
+      var c = document.createElement("canvas");
+      c.width = 2 * w;
+      c.height = 2 * h;
+      var ctx = c.getContext("2d");
+      ctx.scale(2, 2);
+      ctx.drawImage(img, 0, 0, w, h);
+      c.toBlob(function (b) { download(b, baseName() + ".png"); }, "image/png");
+    };
+    img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svgText());
+  }
+
+  // ---- the local web app: ask the server for a sentence's attention
+  function ask(ev) {
+    if (ev) ev.preventDefault();
+    var err = $("error");
+    err.textContent = "";
+    $("status").textContent = "running the model\u2026";
+    document.body.setAttribute("data-busy", "1");  // tests (and CSS) can wait for the answer
+    fetch("api/attention", { method: "POST", headers: { "Content-Type": "application/json" },
+                             body: JSON.stringify({ text: $("text").value,
+                                                    model: $("model").value }) })
+      .then(function (r) {
+        return r.json().then(function (body) { return { ok: r.ok, body: body }; });
+      })
+      .then(function (r) {
+        if (!r.ok) err.textContent = r.body.error || "request failed";
+        else show(r.body);
+      })
+      .catch(function (e) { err.textContent = String(e); })
+      .then(function () {
+        $("status").textContent = "";
+        document.body.removeAttribute("data-busy");
+      });
+  }
+  function startApp() {
+    fetch("api/models").then(function (r) { return r.json(); }).then(function (body) {
+      body.models.forEach(function (name) {
+        var o = document.createElement("option");
+        o.value = name;
+        o.textContent = name;
+        $("model").appendChild(o);
+      });
+      $("text").setAttribute("maxlength", body.max_chars);
+      ask();
+    });
+    $("ask").addEventListener("submit", ask);
+  }
+
+  function init() {
+    $("layer").addEventListener("change", function () { state.layer = +this.value; render(); });
+    $("head").addEventListener("change", function () { state.head = +this.value; render(); });
+    $("token").addEventListener("change", function () { state.token = +this.value; render(); });
+    document.querySelectorAll(".tab").forEach(function (b) {
+      b.addEventListener("click", function () { state.view = b.getAttribute("data-view"); render(); });
+    });
+    $("export-png").addEventListener("click", exportPNG);
+    $("export-svg").addEventListener("click", exportSVG);
+    // a link can open a given state: page.html#view=step&layer=2&head=8&token=8 (pin=8 pins)
+    location.hash.slice(1).split("&").forEach(function (kv) {
+      var k = kv.split("=")[0], v = kv.split("=")[1];
+      if (k === "view" && ["head", "model", "step"].indexOf(v) >= 0) state.view = v;
+      else if (["layer", "head", "token", "pin"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
+        state[k === "pin" ? "pinned" : k] = +v;
+      }
+    });
+    if (state.pinned != null && !/token=/.test(location.hash)) state.token = state.pinned;
+    var embedded = $("attn-data");
+    if (embedded) show(JSON.parse(embedded.textContent));
+    if (document.body.getAttribute("data-mode") === "app") startApp();
+  }
+  window.attnlabState = state;  // read by the browser tests and handy in devtools
+  init();
+})();

