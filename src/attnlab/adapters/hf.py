@@ -16,10 +16,10 @@ plain full, in which case causality comes from `module.is_causal` (never for one
 decoding step sees the whole cache). A float mask a caller built itself is added to the scores.
 
 Weights are returned when `output_attentions` is asked for (or a `recording.record()` block is
-active): the op returns the log-sum-exp of each row and the weights are recomputed exactly from it,
-exp(score - lse), never by a second softmax. Caution: in training mode with dropout the returned
-weights are those before dropout. Logit softcapping (Gemma 2) is passed on to the op; attention
-sinks are refused (AttnlabError).
+active): the op returns the log-sum-exp of each row and `attnlab.attention_weights` recomputes the
+weights exactly from it, exp(score - lse), never by a second softmax, a block of rows at a time.
+Caution: in training mode with dropout the returned weights are those before dropout. Logit
+softcapping (Gemma 2) is passed on to the op; attention sinks are refused (AttnlabError).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 
 from attnlab.adapters import recording
 from attnlab.errors import AttnlabError
-from attnlab.ops import math as math_backend
 from attnlab.ops.api import attention, make_problem
+from attnlab.ops.weights import attention_weights
 
 NAME = "attnlab"
 
@@ -115,28 +115,53 @@ def attnlab_attention_forward(
         out = attention(query, key, value, **args)  # (B, H, L, Dv)
         return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
     out, lse = attention(query, key, value, return_lse=True, **args)
-    weights, allowed, scale = exact_weights(query, key, value, lse, **args)
+    weights = exact_weights(query, key, lse, **args)
     if recording.recording():
+        allowed, scale = _allowed_and_scale(query, key, value, **args)
         _record(module, query, key, value, allowed, weights, scale, causal)
     return out.transpose(1, 2).contiguous(), weights.to(query.dtype)
 
 
-def exact_weights(query, key, value, lse, *, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                  **extras):
-    """(weights (B, H, L, S), allowed bool broadcastable to them, scale) from the row log-sum-exp.
+#: query rows recomputed at a time: besides the returned (B, H, L, S) weights, only a block of
+#: this many rows is ever held, so long inputs cost no second L×S matrix
+WEIGHT_ROWS = 1024
+
+
+def exact_weights(query, key, lse, *, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0,
+                  **extras) -> torch.Tensor:
+    """weights (B, H, L, S) from the row log-sum-exp, via `attnlab.attention_weights`.
 
     w = exp(scaled masked score - lse): exactly the softmax the op applied, rows summing to 1,
-    an all-masked row 0.
+    an all-masked row 0. Rows are recomputed a block at a time.
     """
+    L = query.shape[-2]
+    blocks = [attention_weights(query, key, lse, rows=slice(r, r + WEIGHT_ROWS), scale=scale,
+                                attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa,
+                                **extras)
+              for r in range(0, L, WEIGHT_ROWS)]
+    if len(blocks) == 1:
+        return blocks[0]
+    w = blocks[0].new_empty(*blocks[0].shape[:-2], L, blocks[0].shape[-1])  # (B, H, L, S)
+    for r, block in zip(range(0, L, WEIGHT_ROWS), blocks):
+        w[..., r:r + block.shape[-2], :] = block
+        del block
+    return w
+
+
+def _allowed_and_scale(query, key, value, *, attn_mask, is_causal, scale, enable_gqa,
+                       dropout_p=0.0, **extras):
+    """(bool mask broadcastable to (B, H, L, S), scale) for a recording."""
     p = make_problem(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=None,
                      **extras)
     allowed, bias = p.dense_masks()
-    s = math_backend.scores(p, p.key, allowed, bias)  # (B, H, L, S), -inf where masked
-    lse = lse.to(s.dtype).unsqueeze(-1)  # (B, H, L, 1)
-    w = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
-    w = torch.where(torch.isfinite(lse), w, torch.zeros_like(w))
-    keep = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)  # HF float masks use dtype min
-    return w, keep, p.scale
+    if bias is not None:  # transformers' float masks use the dtype's min, not -inf
+        keep = bias > torch.finfo(bias.dtype).min / 2
+        allowed = keep if allowed is None else allowed & keep
+    if allowed is None:
+        allowed = torch.ones(p.dims.L, p.dims.S, dtype=torch.bool, device=query.device)
+    while allowed.dim() < 4:
+        allowed = allowed[None]
+    return allowed.expand(query.shape[0], -1, -1, -1), p.scale  # (B, 1|H, L, S)
 
 
 def _record(module, query, key, value, allowed, weights, scale, causal) -> None:

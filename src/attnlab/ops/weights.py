@@ -65,13 +65,14 @@ def attention_weights(
             allowed = allowed[..., cols]
     part = cols.numel() < d.S
     k = key.index_select(-2, cols) if part else key  # (..., Hkv, S', D)
-    q = query[..., idx, :].to(acc) * p.scale  # (..., H, R, D)
+    q = query[..., idx, :].to(acc)  # (..., H, R, D)
     R = idx.numel()
     if d.ndim > 2:  # stack grouped heads along the rows: k is never repeated
         q = q.reshape(*d.batch, d.Hkv, d.groups * R, d.D)  # (..., Hkv, G·R, D)
     s = q @ k.to(acc).transpose(-2, -1)  # (..., Hkv, G·R, D) @ (..., Hkv, D, S') -> (.., G·R, S')
     if d.ndim > 2:
         s = s.reshape(*d.batch, d.H, R, cols.numel())  # (..., H, R, S')
+    s = s * p.scale  # scaled after the product, as the kernels round it
     if p.softcap is not None:
         s = torch.tanh(s / p.softcap) * p.softcap
     if p.alibi_slopes is not None:
