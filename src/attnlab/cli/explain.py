@@ -38,7 +38,7 @@ def run(args) -> int:
 
     if args.top < 1:
         raise AttnlabError(f"--top {args.top}: expected a positive number")
-    _quiet_transformers()
+    quiet_transformers()
     loaded = load_model(args.model)
     att = run_model(args.text, loaded)
     report = explain_token(att, args.token, target=args.target, layer=args.layer,
@@ -58,7 +58,7 @@ def run(args) -> int:
     return 0
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     # Loading progress bars and advisories would bury the one table the user asked for.
     try:
         from transformers.utils import logging

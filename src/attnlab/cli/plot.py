@@ -24,7 +24,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from attnlab.cli.explain import _quiet_transformers
+    from attnlab.cli.explain import quiet_transformers
     from attnlab.errors import AttnlabError
     from attnlab.explain.model import run_model
     from attnlab.viz.figures import FORMATS, save_plot
@@ -37,7 +37,7 @@ def run(args) -> int:
         raise AttnlabError(f"--head {args.head}: needs --layer too")
     if not out.parent.is_dir():
         raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
-    _quiet_transformers()  # no loading progress bars around our one line of output
+    quiet_transformers()  # no loading progress bars around our one line of output
     ma = run_model(args.text, args.model)
     save_plot(ma, out, args.layer, args.head)
     what = ("all layers and heads" if args.layer is None else

@@ -31,7 +31,7 @@ def add_parser(sub):
 def run(args) -> int:
     from pathlib import Path
 
-    from attnlab.cli.explain import _quiet_transformers
+    from attnlab.cli.explain import quiet_transformers
     from attnlab.errors import AttnlabError
     from attnlab.explain.model import DEFAULT_MODEL
     from attnlab.viz.app import Models, is_loopback, make_server
@@ -45,7 +45,7 @@ def run(args) -> int:
     for path in args.model:
         choices[Path(path).name or path] = path
     models = Models(choices)
-    _quiet_transformers()
+    quiet_transformers()
     print(f"loading {DEFAULT_MODEL} ...", file=sys.stderr)
     models.get(DEFAULT_MODEL)  # the first request should not wait seconds for the model
     try:

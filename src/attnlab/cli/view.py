@@ -23,7 +23,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from attnlab.cli.explain import _quiet_transformers
+    from attnlab.cli.explain import quiet_transformers
     from attnlab.errors import AttnlabError
     from attnlab.explain.model import run_model
     from attnlab.viz.page import write_page
@@ -33,7 +33,7 @@ def run(args) -> int:
         raise AttnlabError(f"-o: expected a file ending in .html, got {args.output!r}")
     if not out.parent.is_dir():
         raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
-    _quiet_transformers()  # no loading progress bars around our one line of output
+    quiet_transformers()  # no loading progress bars around our one line of output
     ma = run_model(args.text, args.model)
     write_page(ma, out, text=args.text)
     size = out.stat().st_size
