@@ -167,3 +167,53 @@ def test_select_backend_explains_its_choice():
     choice = attnlab.select_backend(q, k, v, is_causal=True)
     assert choice.backend in attnlab.BACKENDS and choice.reason
     assert attnlab.select_backend(q, k[..., :0, :], v[..., :0, :]).backend == "math"
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math", "tiled"])
+def test_per_head_mask_with_gqa_and_poisoned_keys(backend):
+    q, k, v = qkv(1, 4, 2, 3, 5, 8)
+    k[..., 0, :] = float("nan")  # masked for every head: must not leak
+    v[..., 0, :] = float("nan")
+    m = torch.rand(1, 4, 3, 5, generator=torch.Generator().manual_seed(0)) > 0.3
+    m[..., 0] = False
+    m[..., 1] = True
+    out = attnlab.attention(q, k, v, attn_mask=m, enable_gqa=True, backend=backend)
+    k0, v0 = k.clone(), v.clone()
+    k0[..., 0, :] = 0
+    v0[..., 0, :] = 0
+    assert_close(out, oracle(q, k0, v0, allowed=m)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math", "tiled", "reference"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 300), (300,), (1, 300), (1, 1, 1, 1, 300)])
+def test_row_broadcast_padding_mask_with_gqa(backend, shape):
+    q, k, v = qkv(2, 8, 2, 300, 300, 16)
+    keep = torch.arange(300) < 250
+    out = attnlab.attention(q, k, v, attn_mask=keep.reshape(shape), enable_gqa=True,
+                            backend=backend)
+    assert out.shape == q.shape
+    assert_close(out, oracle(q, k, v, allowed=keep)[0], atol=1e-5)
+
+
+def test_extra_leading_mask_dims_keep_the_output_shape():
+    q, k, v = (torch.randn(3, 5, 8) for _ in range(3))  # (H, L, D)
+    m = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    for backend in ["auto", "sdpa", "math", "tiled", "reference"]:
+        assert attnlab.attention(q, k, v, attn_mask=m, backend=backend).shape == (3, 5, 8)
+
+
+def test_bottom_right_causal_runs_as_fused_causal_when_square():
+    q, k, v = qkv(1, 2, 2, 8, 8, 4)
+    assert attnlab.select_backend(q, k, v, mask=masks.causal("bottom_right")).backend == "sdpa"
+    one = q[:, :, -1:]
+    a = attnlab.attention(one, k, v, mask=masks.causal("bottom_right"))
+    assert_close(a, attnlab.attention(q, k, v, is_causal=True)[:, :, -1:], atol=1e-6)
+
+
+def test_attention_weights_with_a_column_broadcast_mask():
+    q, k, v = qkv(1, 2, 2, 6, 9, 4)
+    m = (torch.arange(6) < 4)[:, None]  # (L, 1): rows >= 4 attend nothing
+    out, lse = attnlab.attention(q, k, v, attn_mask=m, return_lse=True)
+    w = attnlab.attention_weights(q, k, lse, attn_mask=m)
+    assert_close(w @ v, out, atol=1e-5)
+    assert (w[:, :, 4:] == 0).all()

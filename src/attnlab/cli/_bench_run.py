@@ -56,11 +56,6 @@ class Case:
         f = 4.0 * self.B * self.H * self.D * self.pairs
         return f * (3.5 if self.mode == "fwd+bwd" else 1.0)
 
-    @property
-    def input_bytes(self) -> int:
-        """Bytes of q, k, v and out."""
-        return 4 * self.B * self.H * self.L * self.D * torch.finfo(DTYPES[self.dtype]).bits // 8
-
 
 @dataclass
 class Result:

@@ -24,8 +24,5 @@ def attend(q, k, v, *, need_weights: bool = False, attn_mask=None, mask=None,
     if not need_weights:
         fn = kernel or attnlab.attention
         return fn(q, k, v, dropout_p=dropout_p, **kw), None
-    # the fused CPU kernel that returns the lse cannot drop out; the math backend can
-    backend = "math" if dropout_p > 0 else "auto"
-    out, lse = attnlab.attention(q, k, v, dropout_p=dropout_p, return_lse=True, backend=backend,
-                                 **kw)
+    out, lse = attnlab.attention(q, k, v, dropout_p=dropout_p, return_lse=True, **kw)
     return out, attnlab.attention_weights(q, k, lse, **kw)

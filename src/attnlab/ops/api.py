@@ -15,6 +15,7 @@ from attnlab.errors import (
     fmt_shape,
 )
 from attnlab.masks import Mask, causal
+from attnlab.masks.positional import Causal
 from attnlab.ops import dispatch
 from attnlab.ops.problem import Problem
 
@@ -98,6 +99,8 @@ def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         check_dense_mask("attn_mask", attn_mask, dims, query.device)
         if attn_mask.dim() < 2:  # (S,) or a scalar: one row broadcast over every query
             attn_mask = attn_mask.reshape(1, -1)
+        while attn_mask.dim() > len(dims.scores_shape):  # extra leading dims are 1 (checked)
+            attn_mask = attn_mask[0]
     structured = _structured(mask, is_causal, dims)
     return Problem(
         query=query, key=key, value=value, dims=dims,
@@ -156,4 +159,15 @@ def _structured(mask, is_causal, dims) -> Mask | None:
         raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
     if is_causal:
         mask = causal() if mask is None else causal() & mask
+    return _simplified(mask, dims)
+
+
+def _simplified(mask, dims):
+    """A bottom-right causal mask is the top-left one when L == S (prefill), which the fused
+    kernel runs as is_causal=True, and allows every key when L == 1 (one decoding step)."""
+    if isinstance(mask, Causal) and mask.align == "bottom_right":
+        if dims.L == dims.S:
+            return causal()
+        if dims.L == 1:
+            return None
     return mask

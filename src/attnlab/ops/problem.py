@@ -43,10 +43,6 @@ class Problem:
             and self.structured.align == "top_left"
         )
 
-    @property
-    def has_mask(self) -> bool:
-        return self.structured is not None or self.attn_mask is not None
-
     def dense_masks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(allowed bool, bias float) broadcastable to (..., H, L, S); either may be None."""
         L, S = self.dims.L, self.dims.S
@@ -93,7 +89,7 @@ def sanitize_dead_keys(p: Problem, allowed: torch.Tensor | None):
     key, value = p.key, p.value
     if dead.dim() >= 2 and dead.shape[-2] > 1 and p.dims.groups > 1:
         # per-head mask with grouped k/v: a key dead for one head may be alive for its group mate
-        dead = dead.unflatten(-2, (p.dims.Hkv, p.dims.groups)).all(dim=-1)  # (..., Hkv, S)
+        dead = dead.unflatten(-2, (p.dims.Hkv, p.dims.groups)).all(dim=-2)  # (..., Hkv, S)
     dead = dead.reshape(*dead.shape[:-1], S, 1)  # (..., Hkv|1, S, 1)
     zero = torch.zeros((), dtype=key.dtype, device=key.device)
     return torch.where(dead, zero, key), torch.where(dead, zero, value)

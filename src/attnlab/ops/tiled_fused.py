@@ -59,9 +59,9 @@ def _chunk_inputs(st: Setup, k, v, q0, q1, ch, dtype):
         b = b[:, :, q0:q1] if b.shape[2] > 1 else b
         b = b[:, :, :, ch.k0:ch.k1] if b.shape[3] > 1 else b
         bias = bias + heads5(b, st).to(dtype)
-    Bb, Hb, _, bq, ck = bias.shape
+    (Bb, Hb), bq, ck = bias.shape[:2], q1 - q0, ch.k1 - ch.k0  # a mask may broadcast rows/cols
     bias = bias.expand(Bb, Hb, st.G, bq, ck).reshape(Bb, Hb, st.G * bq, ck)  # (.., G·bq, ck)
-    rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq)
+    rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq|1)
     row_alive = rows.expand(*rows.shape[:2], st.G, bq).reshape(*rows.shape[:2], st.G * bq)
     row_alive = None if bool(row_alive.all()) else row_alive
     if st.shift_invariant:

@@ -58,7 +58,7 @@ def attention_weights(
     acc = accum_dtype(query.dtype)
     allowed = _allowed(p, idx)  # (..., H|1, R, S) or None
     cols = torch.arange(d.S, device=query.device)
-    if allowed is not None:
+    if allowed is not None and allowed.shape[-1] == d.S:
         alive = allowed.reshape(-1, d.S).any(0)  # (S,): keys some requested row may attend
         if 2 * int(alive.sum()) < d.S:  # e.g. a sliding window: score only those keys
             cols = alive.nonzero().squeeze(1)
