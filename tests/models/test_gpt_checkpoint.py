@@ -19,7 +19,7 @@ from attnlab.models import (
     load_corpus,
     save_checkpoint,
 )
-from attnlab.models.checkpoint import MODEL_FILE, atomic_write, read_checkpoint
+from attnlab.models.checkpoint import atomic_write, read_checkpoint
 
 
 def tiny_model(rotary=False, kv=2):
@@ -49,7 +49,8 @@ def test_writes_leave_no_temporary_files(tmp_path):
     model, tok = tiny_model()
     save_checkpoint(tmp_path, model, tok)
     save_checkpoint(tmp_path, model, tok)  # overwriting is atomic too
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["attnlab.json", "model.safetensors"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2 and names[0] == "attnlab.json" and names[1].startswith("model-")
     atomic_write(tmp_path / "x.bin", b"new")
     assert (tmp_path / "x.bin").read_bytes() == b"new"
 
@@ -58,7 +59,7 @@ def test_is_checkpoint_rejects_other_directories(tmp_path):
     assert not is_checkpoint(tmp_path)
     assert not is_checkpoint(tmp_path / "missing")
     (tmp_path / "attnlab.json").write_text("{not json")
-    (tmp_path / MODEL_FILE).write_bytes(b"")
+    (tmp_path / "model-00000000-0.safetensors").write_bytes(b"")
     assert not is_checkpoint(tmp_path)
     (tmp_path / "attnlab.json").write_text(json.dumps({"format": "something-else"}))
     assert not is_checkpoint(tmp_path)
@@ -99,3 +100,33 @@ def test_bundled_corpus_is_english_and_states_its_license():
     assert "public domain" in corpus_license()
     with pytest.raises(AttnlabError, match="corpus: unknown"):
         load_corpus("klingon")
+
+
+def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from attnlab.models import checkpoint
+
+    model, tok = tiny_model()
+    save_checkpoint(tmp_path, model, tok, state={"step": 1, "history": []},
+                    trainer_tensors={"m": torch.ones(2)})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for w in model.parameters():
+            w.add_(1.0)
+    real = checkpoint.atomic_write
+
+    def crash_on_meta(path, data):
+        if path.name == "attnlab.json":
+            raise OSError("disk full")
+        real(path, data)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", crash_on_meta)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, model, tok, state={"step": 2, "history": []},
+                        trainer_tensors={"m": torch.zeros(2)})
+    monkeypatch.undo()
+    ck = read_checkpoint(tmp_path, with_trainer=True)
+    assert ck.step == 1 and torch.equal(ck.trainer_tensors["m"], torch.ones(2))
+    for k, v in before.items():
+        assert torch.equal(ck.weights[k], v), k
+    save_checkpoint(tmp_path, model, tok, state={"step": 3, "history": []})
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1  # leftovers of the crash are gone
