@@ -45,14 +45,14 @@ def run(args) -> int:
     for path in args.model:
         choices[Path(path).name or path] = path
     models = Models(choices)
-    quiet_transformers()
-    print(f"loading {DEFAULT_MODEL} ...", file=sys.stderr)
-    models.get(DEFAULT_MODEL)  # the first request should not wait seconds for the model
-    try:
+    try:  # bind first: a busy port is reported before seconds of model loading
         server = make_server(models, args.host, args.port, max_chars=args.max_chars,
                              max_tokens=args.max_tokens)
     except OSError as e:
         raise AttnlabError(f"--host {args.host} --port {args.port}: cannot listen ({e})") from None
+    quiet_transformers()
+    print(f"loading {DEFAULT_MODEL} ...", file=sys.stderr)
+    models.get(DEFAULT_MODEL)  # the first request should not wait seconds for the model
     host = f"[{args.host}]" if ":" in args.host else args.host
     if not is_loopback(args.host):
         print(f"warning: listening on {args.host}, reachable from other machines; the app has "

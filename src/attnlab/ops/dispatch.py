@@ -66,6 +66,8 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("sdpa", f"small ({d.L}×{d.S}): dense mask to the fused kernel")
     if n > HUGE_SCORES:
         return Choice("tiled", f"long ({d.L}×{d.S}): no dense mask; memory linear in L")
+    if p.structured is None:  # the dense mask exists already: tiling would save no memory
+        return Choice("sdpa", "a dense attn_mask only: the fused kernel with it")
     dens = tiled_plan.density(p)
     if dens > DENSE_ENOUGH:
         return Choice("sdpa", f"mask keeps {dens:.0%} of the tiles: dense mask, fused kernel")
