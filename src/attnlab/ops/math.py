@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.ops.problem import Problem, sanitize_dead_keys
+from attnlab.ops.problem import Problem, merged_allowed, sanitize_dead_keys
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -60,7 +60,7 @@ def alibi_bias(slopes: torch.Tensor, L: int, S: int) -> torch.Tensor:
 def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) in the accumulation dtype)."""
     allowed, bias = p.dense_masks()
-    key, value = sanitize_dead_keys(p, p.allowed_dense() if bias is not None else allowed)
+    key, value = sanitize_dead_keys(p, merged_allowed(allowed, bias))
     w, lse = masked_softmax(scores(p, key, allowed, bias))
     if p.dropout_p > 0:
         w = F.dropout(w, p.dropout_p, training=True)

@@ -58,13 +58,14 @@ class Problem:
                 bias = self.attn_mask
         return allowed, bias
 
-    def allowed_dense(self) -> torch.Tensor | None:
-        """One bool matrix (True = may attend) including the -inf entries of a float mask."""
-        allowed, bias = self.dense_masks()
-        if bias is not None:
-            finite = bias != float("-inf")
-            allowed = finite if allowed is None else allowed & finite
+
+
+def merged_allowed(allowed: torch.Tensor | None, bias: torch.Tensor | None):
+    """One bool matrix (True = may attend) from `dense_masks()`: a float mask's -inf entries too."""
+    if bias is None:
         return allowed
+    finite = bias != float("-inf")
+    return finite if allowed is None else allowed & finite
 
 
 def _fit(mask4d: torch.Tensor, ndim: int) -> torch.Tensor:

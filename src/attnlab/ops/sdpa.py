@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.ops.problem import Problem, sanitize_dead_keys
+from attnlab.ops.problem import Problem, merged_allowed, sanitize_dead_keys
 
 
 def _dense_for_sdpa(p: Problem):
@@ -24,7 +24,7 @@ def _dense_for_sdpa(p: Problem):
         return allowed, False, allowed
     ninf = torch.tensor(float("-inf"), dtype=bias.dtype, device=bias.device)
     merged = bias if allowed is None else torch.where(allowed, bias, ninf)
-    return merged.to(p.query.dtype), False, p.allowed_dense()
+    return merged.to(p.query.dtype), False, merged_allowed(allowed, bias)
 
 
 def _causal_dead(p: Problem):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.ops.tiled_scores import Setup, alive_columns, chunk_allowed, heads5
+from attnlab.ops.tiled_scores import Setup, alive_columns, bias_chunk, chunk_allowed, heads5
 
 _FWD = "_scaled_dot_product_flash_attention_for_cpu"
 
@@ -55,10 +55,7 @@ def _chunk_inputs(st: Setup, k, v, q0, q1, ch, dtype):
     zero = torch.zeros((), dtype=dtype, device=k.device)
     bias = torch.where(allowed, zero, float("-inf"))
     if st.bias is not None and st.bias.dtype != torch.bool:
-        b = st.bias
-        b = b[:, :, q0:q1] if b.shape[2] > 1 else b
-        b = b[:, :, :, ch.k0:ch.k1] if b.shape[3] > 1 else b
-        bias = bias + heads5(b, st).to(dtype)
+        bias = bias + heads5(bias_chunk(st, q0, q1, ch), st).to(dtype)
     (Bb, Hb), bq, ck = bias.shape[:2], q1 - q0, ch.k1 - ch.k0  # a mask may broadcast rows/cols
     bias = bias.expand(Bb, Hb, st.G, bq, ck).reshape(Bb, Hb, st.G * bq, ck)  # (.., G·bq, ck)
     rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq|1)

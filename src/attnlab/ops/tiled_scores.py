@@ -114,6 +114,13 @@ def heads5(t: torch.Tensor, st: Setup) -> torch.Tensor:
     return t.reshape(t.shape[0], st.Hkv, st.G, *t.shape[2:])
 
 
+def bias_chunk(st: Setup, q0: int, q1: int, ch: Chunk) -> torch.Tensor:
+    """SDPA's attn_mask for rows q0:q1 and the chunk's keys (dims of size 1 stay broadcast)."""
+    b = st.bias
+    b = b[:, :, q0:q1] if b.shape[2] > 1 else b
+    return b[:, :, :, ch.k0:ch.k1] if b.shape[3] > 1 else b
+
+
 def chunk_allowed(st: Setup, q0: int, q1: int, ch: Chunk, device) -> torch.Tensor | None:
     """bool (B|1, Hkv|1, G|1, bq, ck): which pairs of this chunk may attend (None = all)."""
     allowed = None
@@ -122,9 +129,7 @@ def chunk_allowed(st: Setup, q0: int, q1: int, ch: Chunk, device) -> torch.Tenso
         cols = torch.arange(ch.k0, ch.k1, device=device)
         allowed = _flat_batch(st.structured.block(rows, cols, st.L, st.S), st)  # (Bm, Hm, bq, ck)
     if st.bias is not None:
-        b = st.bias
-        b = b[:, :, q0:q1] if b.shape[2] > 1 else b
-        b = b[:, :, :, ch.k0:ch.k1] if b.shape[3] > 1 else b
+        b = bias_chunk(st, q0, q1, ch)
         b = b if b.dtype == torch.bool else b != float("-inf")
         allowed = b if allowed is None else allowed & b
     return None if allowed is None else heads5(allowed, st)
@@ -148,10 +153,7 @@ def chunk_scores(st: Setup, qs: torch.Tensor, k: torch.Tensor, q0: int, q1: int,
         cols = torch.arange(ch.k0, ch.k1, device=s.device, dtype=s.dtype)
         s5 += st.slopes * (cols[None, :] - rows[:, None])  # ALiBi: slope_h · (j - i)
     if st.bias is not None and st.bias.dtype != torch.bool:
-        b = st.bias
-        b = b[:, :, q0:q1] if b.shape[2] > 1 else b
-        b = b[:, :, :, ch.k0:ch.k1] if b.shape[3] > 1 else b
-        s5 += heads5(b.to(s.dtype), st)
+        s5 += heads5(bias_chunk(st, q0, q1, ch).to(s.dtype), st)
     if allowed is not None:
         s5.masked_fill_(~allowed, float("-inf"))
     assert s.shape == (N, st.G * bq, ck)
