@@ -1,12 +1,14 @@
 """The local web app behind `attnlab serve`: type a sentence, see the same views as the page.
 
 Standard library only (http.server). Three routes: `GET /` (the page in app mode), `GET
-/api/models`, `POST /api/attention` with JSON {"text", "model"} -> the page's data. Models are
+/api/models`, `POST /api/attention` with JSON {"text", "model"} -> the page's data; HEAD answers
+what GET would, without the body. Models are
 loaded once, on first use, and kept; runs are serialised by a lock (torch already uses every core).
 
 Caution: a tool for one person on their own machine. It binds to loopback by default, checks the
 Host header (so a web page elsewhere cannot reach it through DNS rebinding), caps request and text
-sizes, and only runs the models it was started with; it has no authentication and no TLS.
+sizes, closes connections idle for `timeout` seconds, serves at most `max_connections` at once
+(app_server.py), and only runs the models it was started with; it has no authentication and no TLS.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import logging
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from attnlab.errors import AttnlabError
+from attnlab.viz.app_server import MAX_CONNECTIONS, AppServer
 from attnlab.viz.page import csp, page_html
 from attnlab.viz.payload import payload
 
@@ -28,6 +31,7 @@ log = logging.getLogger(__name__)
 MAX_BODY = 16 * 1024  # bytes of a request body
 MAX_CHARS = 1000      # characters of text
 MAX_TOKENS = 128      # tokens after the model's tokenizer (the page stays responsive)
+TIMEOUT = 10.0        # seconds a connection may stay silent before it is closed
 
 
 class RequestError(Exception):
@@ -95,6 +99,9 @@ def _parse(body: bytes, models: Models, max_chars: int) -> tuple[str, str]:
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise RequestError(HTTPStatus.BAD_REQUEST, "body: expected JSON like "
                            '{"text": "...", "model": "..."}') from None
+    except RecursionError:
+        raise RequestError(HTTPStatus.BAD_REQUEST, "body: JSON nested too deeply; expected "
+                           '{"text": "...", "model": "..."}') from None
     if not isinstance(req, dict):
         raise RequestError(HTTPStatus.BAD_REQUEST, "body: expected a JSON object")
     text, model = req.get("text"), req.get("model") or models.names[0]
@@ -109,13 +116,15 @@ def _parse(body: bytes, models: Models, max_chars: int) -> tuple[str, str]:
 
 
 def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int = MAX_TOKENS,
-                 allowed_hosts: set[str] | None = None):
+                 allowed_hosts: set[str] | None = None, timeout: float = TIMEOUT):
     page = page_html(app=True).encode("utf-8")
     policy = csp(app=True)
+    timeout_s = timeout
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "attnlab"
         sys_version = ""
+        timeout = timeout_s  # socket timeout of every read and write on the connection
 
         def log_message(self, format, *args):
             log.info("%s %s", self.address_string(), format % args)
@@ -129,7 +138,8 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
             self.send_header("Referrer-Policy", "no-referrer")
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def _json(self, status, obj):
             self._send(status, json.dumps(obj, allow_nan=False).encode("utf-8"),
@@ -155,6 +165,8 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
             else:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path[:80]}"})
 
+        do_HEAD = do_GET
+
         def do_POST(self):
             if not self._host_ok():
                 return
@@ -166,6 +178,10 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
                 self._json(e.status, {"error": str(e)})
             except AttnlabError as e:  # the model refused the text (too long for it, ...)
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+            except TimeoutError:  # the body did not arrive in time
+                self.close_connection = True
+                self._json(HTTPStatus.REQUEST_TIMEOUT,
+                           {"error": f"body: not received within {self.timeout:g} s"})
             except Exception:
                 log.exception("attention request failed")
                 self._json(HTTPStatus.INTERNAL_SERVER_ERROR,
@@ -193,14 +209,19 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
 
 
 def make_server(models: Models, host: str = "127.0.0.1", port: int = 8000, *,
-                max_chars: int = MAX_CHARS, max_tokens: int = MAX_TOKENS) -> ThreadingHTTPServer:
-    """A ready server (not yet serving); port 0 picks a free port (see `server.server_port`)."""
-    server = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler)
+                max_chars: int = MAX_CHARS, max_tokens: int = MAX_TOKENS,
+                timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> AppServer:
+    """A ready server (not yet serving); port 0 picks a free port (see `server.server_port`).
+
+    `host` may be IPv4 or IPv6 (`"::1"`); `timeout` closes a connection silent for that many
+    seconds; at most `max_connections` are served at once, the next ones get a 503.
+    """
+    server = AppServer((host, port), BaseHTTPRequestHandler, max_connections=max_connections)
     allowed = None
     if is_loopback(host):
         p = server.server_port
-        allowed = {f"{h}:{p}" for h in ("127.0.0.1", "localhost", "[::1]", host.lower())}
+        name = f"[{host.lower()}]" if ":" in host else host.lower()
+        allowed = {f"{h}:{p}" for h in ("127.0.0.1", "localhost", "[::1]", name)}
     server.RequestHandlerClass = make_handler(models, max_chars=max_chars, max_tokens=max_tokens,
-                                              allowed_hosts=allowed)
-    server.daemon_threads = True
+                                              allowed_hosts=allowed, timeout=timeout)
     return server
