@@ -1,0 +1,44 @@
+"""Context-parallel attention: one sequence split over the P ranks of a torch.distributed group,
+the same answer as on one process, forward and backward.
+
+    >>> import attnlab.distributed as cp                              # doctest: +SKIP
+    >>> h = cp.init(layout="zigzag")                                  # under torchrun
+    >>> q, k, v = h.shard(q), h.shard(k), h.shard(v)                  # (B, H, L/P, D)
+    >>> out = h.attention(q, k, v, is_causal=True)                    # this rank's rows
+    >>> cp.plan(1 << 20, 32, 8, 128, 64, mask=masks.causal()).choice  # on paper
+
+Strategies: "ring" (K/V travel P−1 hops, overlapped with compute), "allgather" (fetch once;
+only the keys the mask lets some local query see), "ulysses" (all-to-all to head shards).
+Masks are global; empty (query, key) pairs are never computed, unneeded keys never sent.
+
+Caution: every rank must make the same call (checked: a mismatch is an AttnlabError on every
+rank) and, when gradients are needed, run the backward. Per-head masks do not go with "ulysses".
+"""
+
+from attnlab.distributed.api import (
+    ContextParallel,
+    context_parallel_attention,
+    init,
+    shard,
+    unshard,
+)
+from attnlab.distributed.comm import CommLog, record
+from attnlab.distributed.cost import Estimate, Plan, StrategyChoice, explain, plan
+from attnlab.distributed.layouts import LAYOUTS, positions
+
+__all__ = [
+    "LAYOUTS",
+    "CommLog",
+    "ContextParallel",
+    "Estimate",
+    "Plan",
+    "StrategyChoice",
+    "context_parallel_attention",
+    "explain",
+    "init",
+    "plan",
+    "positions",
+    "record",
+    "shard",
+    "unshard",
+]

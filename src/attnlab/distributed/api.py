@@ -1,0 +1,208 @@
+"""The public functions: context_parallel_attention, shard, unshard, and the handle a model gets."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from attnlab.distributed import comm, cost, validate
+from attnlab.distributed.attend import Call
+from attnlab.distributed.gather import GatherAttention
+from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.layouts import Sharding, check_layout
+from attnlab.distributed.ring import RingAttention
+from attnlab.distributed.ulysses import ulysses_attention
+from attnlab.errors import AttnlabError, check_choice, check_qkv, check_scale, fmt_shape
+from attnlab.masks import Mask
+
+STRATEGY_CHOICES = ("auto", *cost.STRATEGIES)
+
+
+def context_parallel_attention(query, key, value, *, group=None, layout: str = "zigzag",
+                               strategy: str = "auto", mask: Mask | None = None,
+                               is_causal: bool = False, scale: float | None = None,
+                               enable_gqa: bool = False, softcap: float | None = None,
+                               return_lse: bool = False):
+    """Attention over a sequence split across the ranks of `group`, exactly as on one process.
+
+    Every rank passes its shard, in `layout` order (see `shard`):
+
+    Args:
+        query: (B, H, L_local, D), this rank's query rows.
+        key: (B, Hkv, S_local, D); value: (B, Hkv, S_local, Dv).
+        group: a torch.distributed process group (None: the default group; none initialised:
+            one process).
+        layout: "zigzag" (balanced for causal masks), "contiguous" or "striped".
+        strategy: "ring", "allgather", "ulysses" or "auto" (the cost model's pick; see
+            `attnlab.distributed.explain`).
+        mask: a structured mask from `attnlab.masks` in *global* positions (L × S).
+        is_causal, scale, enable_gqa, softcap: as `attnlab.attention`.
+        return_lse: also return the log-sum-exp of each local row, (B, H, L_local).
+
+    A row that may attend nothing gets output 0 and lse −inf; NaN in keys or values no query may
+    attend never reaches the output. Differentiable: gradients reach every rank's q, k, v (all
+    ranks must run the backward, as with any collective).
+
+    Raises:
+        AttnlabError: on every rank alike, when any rank's input is bad or the ranks' calls
+            differ (naming the argument and the ranks).
+    """
+    rank, world = comm.rank_world(group)
+    desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
+                     softcap)
+    descs = validate.gather_descriptions(desc, group, _device(query))
+    validate.check_agreement(descs)
+    L, S = validate.check_rows(descs, layout)
+    m = cost.effective_mask(mask, is_causal)
+    if m is not None:
+        m.check(L, S)
+    B, H, _, D = query.shape
+    Hkv, Dv = key.shape[1], value.shape[-1]
+    geom = Geometry(L, S, world, layout, m)
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc)
+    est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
+                        link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
+                        per_head_mask=m is not None and m.heads > 1)
+    if strategy == "auto":
+        strategy = cost.choose(est).strategy
+    elif not est[strategy].feasible:
+        raise AttnlabError(f"strategy: {strategy!r} {est[strategy].why_not}")
+    if strategy == "ulysses":
+        out, lse = ulysses_attention(query, key, value, c, mask=m, enable_gqa=enable_gqa)
+    else:
+        fn = RingAttention if strategy == "ring" else GatherAttention
+        out, lse = fn.apply(query, key, value, c)
+    return (out, lse) if return_lse else out
+
+
+def _device(x):
+    return x.device if isinstance(x, torch.Tensor) else None
+
+
+def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
+              softcap) -> dict:
+    """This rank's call as plain data, with the error its own inputs raise (if any)."""
+    desc: dict = {"error": None, "rows": [0, 0]}
+    try:
+        check_layout(layout)
+        check_choice("strategy", strategy, STRATEGY_CHOICES)
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 4:
+                got = fmt_shape(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise AttnlabError(f"{name}: expected a 4-D tensor (B, H, L_local, D), got {got}")
+        check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
+        if mask is not None and not isinstance(mask, Mask):
+            raise AttnlabError(f"mask: expected a mask from attnlab.masks, got "
+                               f"{type(mask).__name__}")
+        if mask is not None and (mask.batch_size not in (1, query.shape[0])
+                                 or mask.heads not in (1, query.shape[1])):
+            raise AttnlabError(f"mask: {mask!r} covers (Bm, Hm) = ({mask.batch_size}, "
+                               f"{mask.heads}), expected 1 or (B, H) = "
+                               f"{fmt_shape(query.shape[:2])}")
+        if not isinstance(is_causal, bool):
+            raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
+        check_scale(scale, query.shape[-1])
+        if softcap is not None:
+            from attnlab.ops.api import check_softcap
+
+            check_softcap(softcap)
+        desc["rows"] = [query.shape[2], key.shape[2]]
+        desc.update({
+            "query": [query.shape[0], query.shape[1], query.shape[3]],
+            "key": [key.shape[0], key.shape[1], key.shape[3]],
+            "value": [value.shape[0], value.shape[1], value.shape[3]],
+            "dtype": str(query.dtype), "device": query.device.type,
+            "requires_grad": torch.is_grad_enabled() and any(
+                x.requires_grad for x in (query, key, value)),
+        })
+    except AttnlabError as e:
+        desc["error"] = str(e)
+    desc.update({"layout": layout, "strategy": strategy, "mask": validate.fingerprint(mask)
+                 if isinstance(mask, Mask) else None, "is_causal": is_causal,
+                 "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap})
+    return desc
+
+
+def shard(x: torch.Tensor, layout: str = "zigzag", *, group=None, dim: int = -2):
+    """This rank's part of the whole tensor `x` (the same on every rank), along `dim`."""
+    check_layout(layout)
+    rank, world = comm.rank_world(group)
+    idx = Sharding(x.shape[dim], layout, world).positions(rank).to(x.device)
+    return x.index_select(dim, idx)
+
+
+def unshard(x_local: torch.Tensor, layout: str = "zigzag", *, group=None, dim: int = -2):
+    """The whole tensor on every rank, from each rank's part in `layout` order (no autograd)."""
+    check_layout(layout)
+    world = comm.rank_world(group)[1]
+    if world == 1:
+        return x_local
+    x = x_local.detach().movedim(dim, 0).contiguous()  # (n, ...)
+    sizes = torch.zeros(world, dtype=torch.int64, device=x.device)
+    comm.all_gather(sizes, torch.tensor([x.shape[0]], device=x.device), group, "unshard")
+    n = int(sizes.sum())
+    sh = Sharding(n, layout, world)
+    want = [sh.size(r) for r in range(world)]
+    if sizes.tolist() != want:
+        raise AttnlabError(f"x_local: ranks hold {sizes.tolist()} rows along dim {dim}; layout "
+                           f"{layout!r} with {n} rows over {world} ranks gives {want}")
+    part = torch.cat([x, x.new_zeros(sh.n_max - x.shape[0], *x.shape[1:])])  # (n_max, ...)
+    out = part.new_empty(world * sh.n_max, *x.shape[1:])
+    comm.all_gather(out.view(-1), part.view(-1), group, "unshard")  # (P·n_max, ...)
+    whole = out.index_select(0, sh.owner_order().to(x.device))  # (n, ...) in global order
+    return whole.movedim(0, dim)
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """What a model is handed: a group and a layout. It never imports torch.distributed.
+
+        >>> cp = attnlab.distributed.init(layout="zigzag")        # doctest: +SKIP
+        >>> q_local = cp.shard(q)                                  # (B, H, L_local, D)
+        >>> out = cp.attention(q_local, k_local, v_local, is_causal=True)
+    """
+
+    group: object = None
+    layout: str = "zigzag"
+    strategy: str = "auto"
+
+    @property
+    def rank(self) -> int:
+        return comm.rank_world(self.group)[0]
+
+    @property
+    def world(self) -> int:
+        return comm.rank_world(self.group)[1]
+
+    def attention(self, query, key, value, **kwargs):
+        kwargs.setdefault("strategy", self.strategy)
+        return context_parallel_attention(query, key, value, group=self.group,
+                                          layout=self.layout, **kwargs)
+
+    def shard(self, x, dim: int = -2):
+        return shard(x, self.layout, group=self.group, dim=dim)
+
+    def unshard(self, x_local, dim: int = -2):
+        return unshard(x_local, self.layout, group=self.group, dim=dim)
+
+    def positions(self, L: int) -> torch.Tensor:
+        return Sharding(L, self.layout, self.world).positions(self.rank)
+
+
+def init(backend: str | None = None, *, layout: str = "zigzag", strategy: str = "auto",
+         timeout_s: float = 300.0) -> ContextParallel:
+    """Join the default process group (as `torchrun` sets it up: RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT) with a timeout, and return the handle for model code.
+
+    backend: "gloo" (CPU) or "nccl" (GPU); default: nccl when CUDA is available.
+    """
+    check_layout(layout)
+    check_choice("strategy", strategy, STRATEGY_CHOICES)
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return ContextParallel(None, layout, strategy)

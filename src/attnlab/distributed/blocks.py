@@ -1,0 +1,118 @@
+"""Attention on one (query piece, key block) pair, forward and backward, and the exact LSE merge.
+
+Inputs are already in the accumulation dtype (float32, float64 for float64 inputs). Grouped-query
+attention runs without copying k/v per head: the G = H / Hkv query heads that share a key head are
+laid side by side as G·Lb rows of one matmul.
+
+The backward takes the *global* output and log-sum-exp of the rows (saved by the forward), so a
+block's weights are recomputed exactly, p = exp(s − lse), without any L×S state.
+
+Semantics kept from `attnlab.attention`: a row that may attend nothing has output 0 and lse −inf;
+NaN/Inf in a key, value or query that no pair of this block uses never reaches a result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: query rows per inner chunk: bounds the (B, H, rows, Sb) score buffer
+ROW_CHUNK = 1024
+
+
+def _grouped(x: torch.Tensor, Hkv: int) -> torch.Tensor:
+    B, H, Lb, D = x.shape
+    return x.reshape(B, Hkv, (H // Hkv) * Lb, D)  # (B, H, Lb, D) -> (B, Hkv, G·Lb, D)
+
+
+def _ungrouped(x: torch.Tensor, H: int) -> torch.Tensor:
+    B, Hkv, GL, X = x.shape
+    return x.reshape(B, H, GL * Hkv // H, X)  # (B, Hkv, G·Lb, X) -> (B, H, Lb, X)
+
+
+def _sanitize(q, k, v, allowed):
+    """Zero the keys/values no row of the block may attend and the rows that attend nothing."""
+    if allowed is None:
+        return q, k, v
+    Hkv, H = k.shape[1], q.shape[1]
+    dead_k = ~allowed.any(-2)  # (Bm, Hm, Sb)
+    if dead_k.shape[1] == H and Hkv != H:  # per-head mask: dead only if dead for the whole group
+        dead_k = dead_k.reshape(dead_k.shape[0], Hkv, H // Hkv, -1).all(2)  # (Bm, Hkv, Sb)
+    dead_q = ~allowed.any(-1)  # (Bm, Hm, Lb)
+    zero = torch.zeros((), dtype=q.dtype)
+    return (torch.where(dead_q[..., None], zero, q), torch.where(dead_k[..., None], zero, k),
+            torch.where(dead_k[..., None], zero, v))
+
+
+def _scores(q, k, scale, softcap, allowed):
+    """(scores with -inf where masked, tanh of the capped scores or None), (B, H, Lb, Sb)."""
+    H, Hkv = q.shape[1], k.shape[1]
+    # (B, Hkv, G·Lb, D) @ (B, Hkv, D, Sb) -> (B, Hkv, G·Lb, Sb)
+    s = _grouped(q, Hkv) @ k.transpose(-1, -2)
+    s = _ungrouped(s, H) * scale  # -> (B, H, Lb, Sb)
+    t = None
+    if softcap is not None:
+        t = torch.tanh(s / softcap)
+        s = softcap * t
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s, t
+
+
+def block_forward(q, k, v, allowed, scale, softcap):
+    """out (B, H, Lb, Dv) and lse (B, H, Lb) of q (B, H, Lb, D) over k, v (B, Hkv, Sb, D|Dv)."""
+    q, k, v = _sanitize(q, k, v, allowed)
+    outs, lses = [], []
+    for i in range(0, max(q.shape[2], 1), ROW_CHUNK):
+        a = None if allowed is None else allowed[:, :, i:i + ROW_CHUNK]
+        s, _ = _scores(q[:, :, i:i + ROW_CHUNK], k, scale, softcap, a)
+        m = s.amax(-1, keepdim=True)  # (B, H, Lr, 1)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # rows that see nothing
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        # (B, Hkv, G·Lr, Sb) @ (B, Hkv, Sb, Dv) -> (B, Hkv, G·Lr, Dv) -> (B, H, Lr, Dv)
+        o = _ungrouped(_grouped(p, k.shape[1]) @ v, q.shape[1])
+        outs.append(o / torch.where(l > 0, l, torch.ones_like(l)))
+        lses.append((m + torch.log(l)).squeeze(-1))  # log 0 = -inf for empty rows
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
+def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
+    """(dq (B, H, Lb, D), dk (B, Hkv, Sb, D), dv (B, Hkv, Sb, Dv)) of one block, given the rows'
+    global out (B, H, Lb, Dv), lse (B, H, Lb) and their gradients dout, dlse."""
+    q, k, v = _sanitize(q, k, v, allowed)
+    H, Hkv = q.shape[1], k.shape[1]
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dqs = []
+    for i in range(0, max(q.shape[2], 1), ROW_CHUNK):
+        r = slice(i, i + ROW_CHUNK)
+        a = None if allowed is None else allowed[:, :, r]
+        s, t = _scores(q[:, :, r], k, scale, softcap, a)
+        lse_r = lse[:, :, r, None]
+        p = torch.exp(s - torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r))
+        do = dout[:, :, r]
+        # (B, Hkv, G·Lr, Dv) @ (B, Hkv, Dv, Sb) -> (B, H, Lr, Sb)
+        dp = _ungrouped(_grouped(do, Hkv) @ v.transpose(-1, -2), H)
+        delta = (do * out[:, :, r]).sum(-1, keepdim=True) - dlse[:, :, r, None]  # (B, H, Lr, 1)
+        ds = p * (dp - delta)  # d(capped, masked scores)
+        if t is not None:
+            ds = ds * (1 - t * t)
+        ds = ds * scale
+        # (B, Hkv, G·Lr, Sb) @ (B, Hkv, Sb, D) -> (B, H, Lr, D)
+        dqs.append(_ungrouped(_grouped(ds, Hkv) @ k, H))
+        # (B, Hkv, Sb, G·Lr) @ (B, Hkv, G·Lr, D|Dv) -> (B, Hkv, Sb, D|Dv): summed over the group
+        dk += _grouped(ds, Hkv).transpose(-1, -2) @ _grouped(q[:, :, r], Hkv)
+        dv += _grouped(p, Hkv).transpose(-1, -2) @ _grouped(do, Hkv)
+    return torch.cat(dqs, 2), dk, dv
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Exact union of two partial softmaxes over disjoint key sets, through their log-sum-exp.
+
+    lse = log(e^lse_a + e^lse_b); out = e^(lse_a − lse)·out_a + e^(lse_b − lse)·out_b. Rows that
+    have seen nothing yet (lse −inf) take weight 0, never NaN.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    wa = torch.exp(lse_a - safe)[..., None]  # (B, H, Lb, 1)
+    wb = torch.exp(lse_b - safe)[..., None]
+    return wa * out_a + wb * out_b, lse

@@ -1,0 +1,163 @@
+"""The only place attnlab.distributed calls torch.distributed, and the record of what it moved.
+
+Every operation goes through one function here, which logs its name, phase and bytes when a
+`record()` block is active. Bytes are the logical payload per rank, the same quantities the cost
+model predicts:
+
+- all-gather of a part of b bytes over P ranks: sent (P−1)·b, received (P−1)·b;
+- reduce-scatter to a part of b bytes: sent (P−1)·b, received (P−1)·b;
+- all-to-all of an input of b bytes: sent (P−1)/P·b, received (P−1)/P·b;
+- send / receive: the tensor's bytes, to / from one peer.
+
+No rank waits without a timeout: every blocking call waits on the process group, whose timeout
+(set where the group was made, see `attnlab.distributed.init`) turns a missing peer into an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Op:
+    """One communication call as it ran on this rank."""
+
+    name: str  # all_gather, reduce_scatter, all_to_all, send, recv
+    phase: str  # validate, forward, backward, shard, unshard
+    sent: int  # bytes this rank sent
+    received: int  # bytes this rank received
+    peer: int | None = None  # group rank of the other side (send / recv)
+    seconds: float = 0.0  # wall time of the blocking call or of the wait
+
+
+@dataclass
+class CommLog:
+    """Everything communicated inside a `record()` block, and the block pairs computed."""
+
+    ops: list[Op] = field(default_factory=list)
+    #: (query rows, key rows) of each block pair a rank attended, forward only
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    def total(self, phase: str | None = None, what: str = "sent") -> int:
+        return sum(getattr(o, what) for o in self.ops if phase is None or o.phase == phase)
+
+    def seconds(self, phase: str | None = None) -> float:
+        return sum(o.seconds for o in self.ops if phase is None or o.phase == phase)
+
+    def count(self, name: str, phase: str | None = None) -> int:
+        return sum(1 for o in self.ops if o.name == name and (phase is None or o.phase == phase))
+
+
+_logs: list[CommLog] = []
+
+
+@contextmanager
+def record() -> Iterator[CommLog]:
+    """Log every communication and computed block pair of attnlab.distributed on this rank.
+
+        >>> with record() as log:          # doctest: +SKIP
+        ...     out = context_parallel_attention(q, k, v, is_causal=True)
+        >>> log.total("forward")           # bytes this rank sent in the forward pass
+    """
+    log = CommLog()
+    _logs.append(log)
+    try:
+        yield log
+    finally:
+        _logs.remove(log)
+
+
+def _log(op: Op) -> None:
+    for log in _logs:
+        log.ops.append(op)
+
+
+def log_pair(rows: int, cols: int) -> None:
+    for log in _logs:
+        log.pairs.append((rows, cols))
+
+
+def nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def rank_world(group) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def global_rank(group, r: int) -> int:
+    return r if group is None else dist.get_global_rank(group, r)
+
+
+def all_gather(out: torch.Tensor, part: torch.Tensor, group, phase: str) -> None:
+    """out (P·numel(part),) ← every rank's `part`, in rank order."""
+    _, P = rank_world(group)
+    t0 = time.perf_counter()
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, part.contiguous(), group=group)
+    b = (P - 1) * nbytes(part)
+    _log(Op("all_gather", phase, b, b, seconds=time.perf_counter() - t0))
+
+
+def reduce_scatter(out: torch.Tensor, full: torch.Tensor, group, phase: str) -> None:
+    """out (numel(full)/P,) ← the sum over ranks of this rank's slice of `full`."""
+    _, P = rank_world(group)
+    t0 = time.perf_counter()
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, full.contiguous(), group=group)
+    b = (P - 1) * nbytes(out)
+    _log(Op("reduce_scatter", phase, b, b, seconds=time.perf_counter() - t0))
+
+
+def all_to_all(out: torch.Tensor, inp: torch.Tensor, group, phase: str) -> None:
+    """out[j] ← rank j's inp[me], equal splits along dim 0 (P parts)."""
+    _, P = rank_world(group)
+    t0 = time.perf_counter()
+    dist.all_to_all_single(out, inp.contiguous(), group=group)
+    b = (P - 1) * nbytes(inp) // P
+    _log(Op("all_to_all", phase, b, b, seconds=time.perf_counter() - t0))
+
+
+class Exchange:
+    """Point-to-point sends and receives posted together (`batch_isend_irecv`), waited on later,
+    so the caller can compute while they travel."""
+
+    def __init__(self, group, phase: str):
+        self.group, self.phase = group, phase
+        self.ops: list = []
+        self.logged: list[Op] = []
+        self.works: list = []
+
+    def send(self, x: torch.Tensor, peer: int, tag: int) -> None:
+        x = x.contiguous()
+        self.ops.append(dist.P2POp(dist.isend, x, global_rank(self.group, peer), self.group, tag))
+        self.logged.append(Op("send", self.phase, nbytes(x), 0, peer))
+
+    def recv(self, x: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
+        self.ops.append(dist.P2POp(dist.irecv, x, global_rank(self.group, peer), self.group, tag))
+        self.logged.append(Op("recv", self.phase, 0, nbytes(x), peer))
+        return x
+
+    def post(self) -> Exchange:
+        if self.ops:
+            self.works = dist.batch_isend_irecv(self.ops)
+        return self
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        for w in self.works:
+            w.wait()
+        self.works = []
+        if self.logged:
+            self.logged[0].seconds = time.perf_counter() - t0
+        for op in self.logged:
+            _log(op)
+        self.logged = []

@@ -1,0 +1,221 @@
+"""The cost model: bytes, FLOPs, load balance and time of each strategy, before running anything.
+
+`plan(L, H, Hkv, D, world, ...)` gives, per strategy and per rank, the bytes sent and received in
+the forward and the backward pass — the same numbers `comm.record()` logs when the call runs, and
+the tests assert they are equal — plus the FLOPs from the mask's tile classes and the predicted
+time on a link of `link_gbps` and a chip of `tflops`.
+
+Formulas (e = bytes per element of the inputs, a = 4, or 8 for float64; n = padded shard length;
+a key row is B·Hkv·(D + Dv) elements; h = ring hops):
+
+- ring: forward h·n key rows each way; backward h·n key rows + (h + 1)·n accumulator rows (a).
+- allgather, all ranks need all: forward (P−1)·n key rows; backward the same again + (P−1)·n
+  gradient rows (a), reduce-scattered. Otherwise only the needed rows, point to point.
+- ulysses: q, k, v, out and lse each move (P−1)/P of their shard forward; their gradients
+  (all but the lse's) the same backward.
+- FLOPs: 2·B·H·(D + Dv) per attended (query, key) pair forward (4·B·H·L·S·D for a full square),
+  backward 2.5× that; a FULL tile counts its area, a PARTIAL tile half.
+
+Time: communication (the larger of sent and received, over the busiest rank) at link_gbps;
+compute (the busiest rank) at tflops. The ring overlaps the two; allgather and ulysses wait for
+their collectives, so their time is the sum.
+
+Caution: the time is a model, not a measurement; it ignores latency per message, kernel
+efficiency at small blocks and contention. Bytes and FLOPs are exact counts of what the code does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.layouts import check_layout
+from attnlab.errors import AttnlabError
+from attnlab.masks import Mask, causal
+
+STRATEGIES = ("ring", "allgather", "ulysses")
+#: what "auto" assumes when the call does not say: a datacenter link and chip
+DEFAULT_LINK_GBPS, DEFAULT_TFLOPS = 100.0, 100.0
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
+          "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One strategy's predicted cost; lists have one entry per rank."""
+
+    strategy: str
+    feasible: bool
+    why_not: str = ""
+    fwd_sent: list[int] = field(default_factory=list)
+    fwd_recv: list[int] = field(default_factory=list)
+    bwd_sent: list[int] = field(default_factory=list)
+    bwd_recv: list[int] = field(default_factory=list)
+    flops_fwd: list[float] = field(default_factory=list)
+    comm_s: float = 0.0  # forward + backward, busiest rank
+    compute_s: float = 0.0  # forward + backward, busiest rank
+    overlaps: bool = False
+
+    @property
+    def load(self) -> float:
+        """max / mean work over ranks (1.0 = perfectly balanced)."""
+        mean = sum(self.flops_fwd) / max(len(self.flops_fwd), 1)
+        return max(self.flops_fwd) / mean if mean > 0 else 1.0
+
+    @property
+    def time_s(self) -> float:
+        """Predicted forward + backward time: overlapped where the strategy overlaps."""
+        return max(self.comm_s, self.compute_s) if self.overlaps else self.serial_s
+
+    @property
+    def serial_s(self) -> float:
+        return self.comm_s + self.compute_s
+
+    def bytes_per_rank(self) -> int:
+        """Largest forward + backward bytes sent by any rank."""
+        return max(a + b for a, b in zip(self.fwd_sent, self.bwd_sent)) if self.fwd_sent else 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    L: int
+    S: int
+    world: int
+    layout: str
+    mask: str
+    estimates: dict[str, Estimate]
+    choice: str
+    reason: str
+
+    def __getitem__(self, strategy: str) -> Estimate:
+        return self.estimates[strategy]
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    strategy: str
+    reason: str
+
+
+def effective_mask(mask: Mask | None, is_causal: bool) -> Mask | None:
+    if is_causal:
+        return causal() if mask is None else causal() & mask
+    return mask
+
+
+def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype: torch.dtype,
+             link_gbps: float, tflops: float, per_head_mask: bool = False) -> dict[str, Estimate]:
+    """Every strategy's Estimate for this geometry and these sizes."""
+    P = geom.world
+    e = torch.empty((), dtype=dtype).element_size()
+    a = 8 if dtype == torch.float64 else 4
+    row_e, row_a = B * Hkv * (D + Dv) * e, B * Hkv * (D + Dv) * a
+    pairs = geom.work_pairs()
+    flops = [2.0 * B * H * (D + Dv) * w for w in pairs]
+    n = geom.k.n_max
+    bw, rate = link_gbps * 1e9 / 8, tflops * 1e12
+    zeros = [0] * P
+
+    def make(name, fs, fr, bs, br, fl, overlaps):
+        comm_s = max(max(x + y, u + w) for x, y, u, w in zip(fs, bs, fr, br)) / bw
+        return Estimate(name, True, "", fs, fr, bs, br, fl, comm_s, 3.5 * max(fl) / rate, overlaps)
+
+    out = {}
+    h = geom.ring_hops
+    f = [h * n * row_e] * P
+    b = [h * n * row_e + (h + (h > 0)) * n * row_a] * P
+    out["ring"] = make("ring", f, f, b, b, flops, True)
+
+    if P > 1 and geom.all_need_all:
+        f = [(P - 1) * n * row_e] * P
+        b = [(P - 1) * n * (row_e + row_a)] * P
+        out["allgather"] = make("allgather", f, f, b, b, flops, False)
+    else:
+        cnt = [[geom.count_needed(r, s) if r != s else 0 for s in range(P)] for r in range(P)]
+        sent = [sum(cnt[s][r] for s in range(P)) for r in range(P)]  # rows others fetch from r
+        got = [sum(cnt[r]) for r in range(P)]  # rows r fetches
+        out["allgather"] = make(
+            "allgather", [x * row_e for x in sent], [x * row_e for x in got],
+            [x * row_e + y * row_a for x, y in zip(sent, got)],
+            [y * row_e + x * row_a for x, y in zip(sent, got)], flops, False)
+
+    if H % P or Hkv % P or per_head_mask:
+        why = (f"needs query heads H = {H} and key/value heads Hkv = {Hkv} divisible by "
+               f"world = {P}" if H % P or Hkv % P else "a per-head mask cannot be split by heads")
+        out["ulysses"] = Estimate("ulysses", False, why)
+    elif P == 1:
+        out["ulysses"] = make("ulysses", zeros, zeros, zeros, zeros, flops, False)
+    else:
+        nq = geom.q.n_max
+        lse = B * H * nq * a  # lse travels in the accumulation dtype
+        tensors = [B * H * nq * D * e, B * Hkv * n * D * e, B * Hkv * n * Dv * e,
+                   B * H * nq * Dv * e, lse]
+        moved = sum((P - 1) * t // P for t in tensors)
+        back = moved - (P - 1) * lse // P  # the lse has no gradient to carry back
+        even = [sum(flops) / P] * P  # every rank runs all tokens of H/P heads
+        out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [back] * P, [back] * P,
+                              even, False)
+    return out
+
+
+def choose(estimates: dict[str, Estimate]) -> StrategyChoice:
+    """The strategy with the least predicted time (ties: fewer bytes, then ring first)."""
+    ok = [e for e in estimates.values() if e.feasible]
+    best = min(ok, key=lambda e: (round(e.time_s, 12), e.bytes_per_rank(),
+                                  STRATEGIES.index(e.strategy)))
+    others = ", ".join(
+        f"{e.strategy} {_ms(e.time_s)}" if e.feasible else f"{e.strategy}: {e.why_not}"
+        for e in estimates.values() if e is not best)
+    how = "overlapped with" if best.overlaps else "then"
+    reason = (f"{best.strategy}: {_ms(best.time_s)} predicted (communication "
+              f"{_ms(best.comm_s)} {how} compute {_ms(best.compute_s)}, "
+              f"{best.bytes_per_rank() / 2**20:.1f} MiB sent per rank); vs {others}")
+    return StrategyChoice(best.strategy, reason)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms"
+
+
+def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = None,
+         is_causal: bool = False, layout: str = "zigzag", dtype=torch.bfloat16, batch: int = 1,
+         S: int | None = None, Dv: int | None = None, link_gbps: float = DEFAULT_LINK_GBPS,
+         tflops: float = DEFAULT_TFLOPS) -> Plan:
+    """Predicted bytes, FLOPs, balance and time of every strategy for one attention call.
+
+        >>> p = plan(4096, 8, 8, 64, 4, mask=masks.causal(), layout="zigzag")   # doctest: +SKIP
+        >>> p["ring"].fwd_sent[0], p["ring"].load, p.choice
+    """
+    check_layout(layout)
+    dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise AttnlabError(f"dtype: expected a float dtype or one of {sorted(DTYPES)}, "
+                           f"got {dtype!r}")
+    S = L if S is None else S
+    Dv = D if Dv is None else Dv
+    for name, v in (("L", L), ("S", S), ("H", H), ("Hkv", Hkv), ("D", D), ("Dv", Dv),
+                    ("world", world), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
+    if H % Hkv:
+        raise AttnlabError(f"Hkv: query heads H = {H} must be a multiple of Hkv = {Hkv}")
+    for name, v in (("link_gbps", link_gbps), ("tflops", tflops)):
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise AttnlabError(f"{name}: expected a positive number, got {v!r}")
+    m = effective_mask(mask, is_causal)
+    if m is not None:
+        m.check(L, S)
+    geom = Geometry(L, S, world, layout, m)
+    est = estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link_gbps,
+                   tflops=tflops, per_head_mask=m is not None and m.heads > 1)
+    ch = choose(est)
+    return Plan(L, S, world, layout, "full" if m is None else repr(m), est, ch.strategy,
+                ch.reason)
+
+
+def explain(L: int, H: int, Hkv: int, D: int, world: int, **kwargs) -> StrategyChoice:
+    """Which strategy "auto" picks for these sizes, and why (as `attnlab.select_backend`)."""
+    p = plan(L, H, Hkv, D, world, **kwargs)
+    return StrategyChoice(p.choice, p.reason)

@@ -1,0 +1,111 @@
+"""One check, across the group, that every rank makes the same call.
+
+Each rank describes its call (shapes but for its own sequence length, dtype, layout, strategy,
+mask, scale, ...) and any error its own inputs raised, in a fixed-size buffer; one small
+all-gather (P × 4 KiB) hands every rank all descriptions, and every rank then raises the same
+AttnlabError, naming the argument and the ranks, instead of some ranks waiting forever for a peer
+that already gave up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from attnlab.distributed import comm
+from attnlab.distributed.layouts import Sharding
+from attnlab.errors import AttnlabError
+from attnlab.masks import Mask
+
+BUF = 4096
+
+
+def fingerprint(mask: Mask | None) -> str | None:
+    """The mask's repr plus a digest of every tensor inside it (segment ids, lengths, ...)."""
+    if mask is None:
+        return None
+    h = hashlib.sha1()
+
+    def walk(obj):
+        h.update(type(obj).__name__.encode())
+        for name, val in sorted(vars(obj).items()):
+            h.update(name.encode())
+            if isinstance(val, Mask):
+                walk(val)
+            elif isinstance(val, torch.Tensor):
+                t = val.detach().cpu().contiguous()
+                h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(val).encode())
+
+    walk(mask)
+    return f"{mask!r}"[:160] + f" #{h.hexdigest()[:12]}"
+
+
+def _encode(desc: dict) -> torch.Tensor:
+    raw = json.dumps(desc, sort_keys=True, default=str).encode()
+    if len(raw) > BUF - 4:
+        raw = json.dumps({"error": "call description too long to compare across ranks"}).encode()
+    buf = torch.zeros(BUF, dtype=torch.uint8)
+    buf[:4] = torch.tensor(list(len(raw).to_bytes(4, "little")), dtype=torch.uint8)
+    buf[4:4 + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    return buf
+
+
+def _decode(buf: torch.Tensor) -> dict:
+    n = int.from_bytes(bytes(buf[:4].tolist()), "little")
+    return json.loads(bytes(buf[4:4 + n].tolist()).decode())
+
+
+def _ranks(rs: list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def gather_descriptions(desc: dict, group, device=None) -> list[dict]:
+    world = comm.rank_world(group)[1]
+    if world == 1:
+        return [desc]
+    part = _encode(desc).to(device or "cpu")
+    out = part.new_empty(world * BUF)
+    comm.all_gather(out, part, group, "validate")  # (P·4096,) uint8: every rank's description
+    return [_decode(out[r * BUF:(r + 1) * BUF].cpu()) for r in range(world)]
+
+
+def check_agreement(descs: list[dict]) -> None:
+    """Raise AttnlabError (on every rank alike) if any rank failed or the calls differ."""
+    errors = [(r, d["error"]) for r, d in enumerate(descs) if d.get("error")]
+    if errors:
+        raise AttnlabError("; ".join(f"rank {r}: {msg}" for r, msg in errors))
+    for key in sorted(descs[0]):
+        if key in ("rows", "error"):
+            continue
+        values: dict[str, list[int]] = {}
+        for r, d in enumerate(descs):
+            values.setdefault(json.dumps(d.get(key), default=str), []).append(r)
+        if len(values) > 1:
+            parts = [f"{_ranks(rs)} {'have' if len(rs) > 1 else 'has'} {v}"
+                     for v, rs in values.items()]
+            raise AttnlabError(f"{key}: differs across ranks: " + "; ".join(parts))
+
+
+def check_rows(descs: list[dict], layout: str) -> tuple[int, int]:
+    """Global (L, S) from every rank's local lengths, checked against the layout."""
+    P = len(descs)
+    for i, (name, n) in enumerate((("query", "L"), ("key", "S"))):
+        rows = [d["rows"][i] for d in descs]
+        total = sum(rows)
+        if total == 0:
+            raise AttnlabError(f"{name}: the global sequence is empty ({n} = 0 on all {P} ranks)")
+        want = [Sharding(total, layout, P).size(r) for r in range(P)]
+        if rows != want:
+            bad = [r for r in range(P) if rows[r] != want[r]]
+            raise AttnlabError(
+                f"{name}: {_ranks(bad)} hold {[rows[r] for r in bad]} rows, but layout "
+                f"{layout!r} with {n} = {total} over {P} ranks gives them "
+                f"{[want[r] for r in bad]} (all ranks: {rows} vs {want}); split with "
+                "attnlab.distributed.shard"
+            )
+    return sum(d["rows"][0] for d in descs), sum(d["rows"][1] for d in descs)
