@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler
 
 from attnlab.errors import AttnlabError
 from attnlab.viz.app_server import MAX_CONNECTIONS, AppServer
+from attnlab.viz.lesson_page import lesson_csp, lesson_html
 from attnlab.viz.page import csp, page_html
 from attnlab.viz.payload import payload
 
@@ -119,6 +120,7 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
                  allowed_hosts: set[str] | None = None, timeout: float = TIMEOUT):
     page = page_html(app=True).encode("utf-8")
     policy = csp(app=True)
+    lesson, lesson_policy = lesson_html().encode("utf-8"), lesson_csp()  # GET /lesson
     timeout_s = timeout
 
     class Handler(BaseHTTPRequestHandler):
@@ -129,7 +131,7 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
         def log_message(self, format, *args):
             log.info("%s %s", self.address_string(), format % args)
 
-        def _send(self, status, body: bytes, ctype: str):
+        def _send(self, status, body: bytes, ctype: str, policy: str = policy):
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -159,6 +161,8 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
             path = self.path.split("?", 1)[0]
             if path in ("/", "/index.html"):
                 self._send(HTTPStatus.OK, page, "text/html; charset=utf-8")
+            elif path == "/lesson":
+                self._send(HTTPStatus.OK, lesson, "text/html; charset=utf-8", lesson_policy)
             elif path == "/api/models":
                 self._json(HTTPStatus.OK, {"models": models.names, "max_chars": max_chars,
                                            "max_tokens": max_tokens})
