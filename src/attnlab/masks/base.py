@@ -15,6 +15,8 @@ full when evaluated; EMPTY and FULL are always exact.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -70,12 +72,16 @@ class Mask:
 
     def to_dense(self, L: int, S: int, device=None) -> torch.Tensor:
         """bool (Bm, Hm, L, S): True where query i may attend to key j."""
+        L, S = _size("L", L), _size("S", S)
+        self.check(L, S)
         rows = torch.arange(L, device=device)
         cols = torch.arange(S, device=device)
         return self.block(rows, cols, L, S)
 
     def tiles(self, L: int, S: int, block_q: int, block_k: int, device=None) -> torch.Tensor:
         """int8 (Bm, Hm, ceil(L/block_q), ceil(S/block_k)): EMPTY=0, PARTIAL=1, FULL=2 per tile."""
+        L, S = _size("L", L), _size("S", S)
+        block_q, block_k = _size("block_q", block_q, 1), _size("block_k", block_k, 1)
         q_lo, q_hi = block_bounds(L, block_q, device)
         k_lo, k_hi = block_bounds(S, block_k, device)
         t = as_4d(self._tiles(q_lo[:, None], q_hi[:, None], k_lo[None, :], k_hi[None, :], L, S))
@@ -89,6 +95,20 @@ class Mask:
 
     def __invert__(self) -> Mask:
         return Not(self)
+
+
+def _size(name: str, n, least: int = 0) -> int:
+    """n as an int >= least, or AttnlabError naming the argument."""
+    try:
+        v = None if isinstance(n, bool) else operator.index(n)
+    except TypeError:
+        v = None
+    if v is None or not least <= v < 2**63:
+        from attnlab.errors import AttnlabError
+
+        kind = "a positive int" if least == 1 else "an int >= 0"
+        raise AttnlabError(f"{name}: expected {kind}, got {n!r}"[:200])
+    return v
 
 
 def _as_mask(x) -> Mask:

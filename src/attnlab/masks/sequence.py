@@ -6,7 +6,7 @@ import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
 from attnlab.masks.base import Mask, classify
-from attnlab.masks.positional import _lengths
+from attnlab.masks.positional import _lengths, as_int_tensor
 
 
 class Padding(Mask):
@@ -53,14 +53,12 @@ class Padding(Mask):
 
 
 def _segments(name: str, x) -> torch.Tensor:
-    t = torch.as_tensor(x)
-    if t.is_floating_point() or t.is_complex():
-        raise AttnlabError(f"{name}: expected integer segment ids, got dtype {t.dtype}")
+    t = as_int_tensor(name, x, "integer segment ids")
     if t.dim() == 1:
         t = t[None]
     if t.dim() != 2:
         raise AttnlabError(f"{name}: expected shape (L,) or (B, L), got {fmt_shape(t.shape)}")
-    return t.to(torch.int64)
+    return t
 
 
 def _block_ranges(seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
