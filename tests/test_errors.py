@@ -36,7 +36,7 @@ CASES = [
      r"attn_mask: shape \(3, 1, 7, 7\)"),
     ("mask dtype", dict(attn_mask=torch.ones(7, 7, dtype=torch.int32)),
      r"attn_mask: expected a bool or floating-point tensor"),
-    ("dropout high", dict(dropout_p=1.0), r"dropout_p: expected a number in \[0, 1\), got 1.0"),
+    ("dropout high", dict(dropout_p=1.5), r"dropout_p: expected a number in \[0, 1\], got 1.5"),
     ("dropout negative", dict(dropout_p=-0.1), r"dropout_p: .*-0.1"),
     ("scale nan", dict(scale=float("nan")), r"scale: expected a finite number"),
     ("scale inf", dict(scale=float("inf")), r"scale: expected a finite number"),

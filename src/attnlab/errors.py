@@ -39,7 +39,8 @@ class Dims:
 
     @property
     def groups(self) -> int:
-        return self.H // self.Hkv
+        """Query heads per key/value head (1 when there are no heads at all)."""
+        return self.H // self.Hkv if self.Hkv else 1
 
     @property
     def scores_shape(self) -> tuple[int, ...]:
@@ -60,42 +61,53 @@ def _check_tensor(name: str, x) -> None:
 
 
 def check_qkv(query, key, value, *, enable_gqa: bool) -> Dims:
-    """Check the three inputs against each other and return their sizes."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
+    """Check the three inputs against each other and return their sizes.
+
+    `value=None` checks query and key only (the messages then name only those two). Leading
+    batch dims broadcast as in SDPA (a key/value batch of 1 serves every query batch element);
+    `Dims.batch` is the broadcast batch.
+    """
+    given = [("query", query), ("key", key)] + ([("value", value)] if value is not None else [])
+    names = ", ".join(n for n, _ in given)
+    for name, x in given:
         _check_tensor(name, x)
-    if not (query.dim() == key.dim() == value.dim()):
+    if len({x.dim() for _, x in given}) > 1:
         raise AttnlabError(
-            "query, key, value: expected the same number of dims, got "
-            f"{fmt_shape(query.shape)}, {fmt_shape(key.shape)}, {fmt_shape(value.shape)}"
+            f"{names}: expected the same number of dims, got "
+            + ", ".join(fmt_shape(x.shape) for _, x in given)
         )
-    if not (query.dtype == key.dtype == value.dtype):
+    if len({x.dtype for _, x in given}) > 1:
+        raise AttnlabError(f"{names}: expected one dtype, got "
+                           + ", ".join(str(x.dtype) for _, x in given))
+    if len({x.device for _, x in given}) > 1:
+        raise AttnlabError(f"{names}: expected one device, got "
+                           + ", ".join(str(x.device) for _, x in given))
+    if query.device.type == "meta":
         raise AttnlabError(
-            "query, key, value: expected one dtype, got "
-            f"{query.dtype}, {key.dtype}, {value.dtype}"
+            f"{names}: meta tensors hold no values to attend over; pass tensors on a real device"
         )
-    if not (query.device == key.device == value.device):
-        raise AttnlabError(
-            "query, key, value: expected one device, got "
-            f"{query.device}, {key.device}, {value.device}"
-        )
+    value = key if value is None else value
     nd = query.dim()
     L, D = query.shape[-2:]
     S, Dv = key.shape[-2], value.shape[-1]
     if nd == 2:
-        batch, H, Hkv = (), 1, 1
+        qb, H, Hkv = (), 1, 1
     else:
-        batch, H, Hkv = tuple(query.shape[:-3]), query.shape[-3], key.shape[-3]
+        qb, H, Hkv = tuple(query.shape[:-3]), query.shape[-3], key.shape[-3]
+    batch = _broadcast(qb, tuple(key.shape[:-3]))
     head = ("B", "Hkv") if nd > 3 else ("Hkv",) if nd == 3 else ()
-    want_k = (*batch, Hkv, S, D) if nd > 2 else (S, D)
-    if tuple(key.shape) != want_k:
-        names = "(" + ", ".join([*head, "S", "D"]) + ")" if nd <= 4 else "(..., Hkv, S, D)"
+    want_k = (*qb, Hkv, S, D) if nd > 2 else (S, D)
+    if batch is None or tuple(key.shape[-1:]) != (D,):
+        names_k = "(" + ", ".join([*head, "S", "D"]) + ")" if nd <= 4 else "(..., Hkv, S, D)"
+        also = f" and value {fmt_shape(value.shape)}" if len(given) == 3 else ""
         raise AttnlabError(
-            f"key: expected {names} = {fmt_shape(want_k)} to match query "
-            f"{fmt_shape(query.shape)} and value {fmt_shape(value.shape)}, "
-            f"got {fmt_shape(key.shape)}"
+            f"key: expected {names_k} = {fmt_shape(want_k)} to match query "
+            f"{fmt_shape(query.shape)}{also}, got {fmt_shape(key.shape)}"
         )
-    want_v = (*batch, Hkv, S, Dv) if nd > 2 else (S, Dv)
-    if tuple(value.shape) != want_v:
+    want_v = (*qb, Hkv, S, Dv) if nd > 2 else (S, Dv)
+    batch = _broadcast(batch, tuple(value.shape[:-3]))
+    heads_len = 2 if nd > 2 else 1  # (Hkv, S) or (S,)
+    if batch is None or tuple(value.shape[-1 - heads_len:-1]) != want_v[-1 - heads_len:-1]:
         raise AttnlabError(
             f"value: expected leading dims {fmt_shape(want_v[:-1])} to match key "
             f"{fmt_shape(key.shape)}, got {fmt_shape(value.shape)}"
@@ -111,7 +123,14 @@ def check_qkv(query, key, value, *, enable_gqa: bool) -> Dims:
                 f"enable_gqa: query heads H={H} must be a multiple of key/value heads Hkv={Hkv} "
                 f"(query {fmt_shape(query.shape)}, key {fmt_shape(key.shape)})"
             )
-    return Dims(batch=batch, H=H, Hkv=Hkv, L=L, S=S, D=D, Dv=Dv, ndim=nd)
+    return Dims(batch=tuple(batch), H=H, Hkv=Hkv, L=L, S=S, D=D, Dv=Dv, ndim=nd)
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The broadcast of two batch shapes of equal length, or None when they don't broadcast."""
+    if len(a) != len(b) or any(x != y and 1 not in (x, y) for x, y in zip(a, b)):
+        return None
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def check_dense_mask(name: str, mask, dims: Dims, device) -> None:
@@ -142,9 +161,9 @@ def check_dropout(dropout_p) -> float:
     try:
         p = float(dropout_p)
     except (TypeError, ValueError):
-        raise AttnlabError(f"dropout_p: expected a number in [0, 1), got {dropout_p!r}") from None
-    if not 0.0 <= p < 1.0:
-        raise AttnlabError(f"dropout_p: expected a number in [0, 1), got {dropout_p!r}")
+        raise AttnlabError(f"dropout_p: expected a number in [0, 1], got {dropout_p!r}") from None
+    if not 0.0 <= p <= 1.0:  # 1.0 drops every weight: output 0, as SDPA
+        raise AttnlabError(f"dropout_p: expected a number in [0, 1], got {dropout_p!r}")
     return p
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from attnlab.errors import (
@@ -95,6 +96,9 @@ def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
                  mask, softcap=None, alibi_slopes=None) -> Problem:
     """Validate a call once and fold its masks together."""
     dims = check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
+    if dims.ndim > 2:  # SDPA broadcasts batch dims (a key/value batch of 1 serves all): views
+        query, key = (x.expand(*dims.batch, *x.shape[-3:]) for x in (query, key))
+        value = key if value is None else value.expand(*dims.batch, *value.shape[-3:])
     if attn_mask is not None:
         check_dense_mask("attn_mask", attn_mask, dims, query.device)
         if attn_mask.dim() < 2:  # (S,) or a scalar: one row broadcast over every query
@@ -155,6 +159,8 @@ def _structured(mask, is_causal, dims) -> Mask | None:
                 f"mask: {mask!r} covers (Bm, Hm, L, S) = {fmt_shape(mshape)}, which does not "
                 f"broadcast to the scores (..., H, L, S) = {fmt_shape(dims.scores_shape)}"
             )
+    if isinstance(is_causal, np.bool_):  # what SDPA accepts, e.g. from a NumPy config
+        is_causal = bool(is_causal)
     if not isinstance(is_causal, bool):
         raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
     if is_causal:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.ops import budget, fused_cpu, nonfinite, numpy_ref, sdpa, tiled, tiled_plan
 from attnlab.ops import math as math_backend
-from attnlab.ops import numpy_ref, sdpa, tiled, tiled_plan
+from attnlab.ops.math import accum_dtype
 from attnlab.ops.problem import Problem
 
 
@@ -23,14 +24,8 @@ class Choice:
 
 
 def _sdpa_lse_ok(p: Problem) -> bool:
-    return (
-        sdpa.has_lse_kernel(p.query.device)
-        and p.dims.Dv == p.dims.D
-        and p.dims.L > 0
-        and p.dims.S > 0
-        and p.dropout_p == 0  # the CPU flash kernel that returns the lse refuses dropout
-        and p.query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-    )
+    """The fused kernel that returns the lse takes this problem (it refuses dropout)."""
+    return fused_cpu.applies(p)
 
 
 #: below this many score entries (L·S) a dense mask costs less than the tiled loop's overhead
@@ -49,8 +44,8 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     structured mask leaves tiles empty, and is the only path whose memory stays linear in L.
     """
     d = p.dims
-    if d.S == 0 or d.L == 0:
-        return Choice("math", "empty sequence")
+    if _empty(p):
+        return Choice("math", "empty input: nothing to compute")
     if p.attn_mask is not None and p.attn_mask.requires_grad and torch.is_grad_enabled():
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     if p.has_modifiers:
@@ -75,11 +70,15 @@ def choose(p: Problem, need_lse: bool) -> Choice:
 
 
 def _run_sdpa(p: Problem, need_lse: bool):
-    if p.has_modifiers:
-        return math_backend.forward(p)  # the fused kernel has no softcap/ALiBi
-    if need_lse and not _sdpa_lse_ok(p):
-        return math_backend.forward(p)  # the same numbers, with the lse the kernel can't give here
+    if _sdpa_math(p, need_lse):
+        return math_backend.forward(p)  # the same numbers, with what the kernel can't do here
     return sdpa.forward(p, need_lse=need_lse)
+
+
+def _sdpa_math(p: Problem, need_lse: bool) -> bool:
+    """Backend "sdpa" computes this call on the math path: softcap/ALiBi, or an lse the fused
+    kernel can't return here."""
+    return p.has_modifiers or (need_lse and not _sdpa_lse_ok(p))
 
 
 #: backend name -> runner(problem, need_lse) -> (out, lse or None)
@@ -93,7 +92,58 @@ BACKENDS = ("auto", *RUNNERS)
 
 
 def run(name: str, p: Problem, need_lse: bool):
-    """(out, lse or None) from backend `name`, "auto" resolved here."""
+    """(out, lse or None) from backend `name`, "auto" resolved here.
+
+    Every backend gets the same treatment of empty inputs, of the memory limit of dense paths
+    (`budget`) and of NaN/Inf in keys and values (`nonfinite`).
+    """
     if name == "auto":
         name = choose(p, need_lse).backend
-    return RUNNERS[name](p, need_lse)
+    if _empty(p):
+        return math_backend.forward(p)  # empty in, empty out: the same on every backend
+    _check_budget(name, p, need_lse)
+    p, bad = nonfinite.clean(p)
+    out, lse = RUNNERS[name](p, need_lse)
+    if bad is not None:
+        out, lse = nonfinite.poison(p, bad, out, lse)
+    return out, lse
+
+
+def _empty(p: Problem) -> bool:
+    """No query row, no key, or no head/batch element: nothing to compute."""
+    return min(p.query.numel(), p.key.numel(), p.value.numel()) == 0
+
+
+def _check_budget(name: str, p: Problem, need_lse: bool) -> None:
+    """Refuse a dense path whose (..., H, L, S) buffers exceed `budget.limit()`."""
+    scores = p.dims.scores_shape
+    n = budget.entries(scores)
+    acc = torch.empty((), dtype=accum_dtype(p.query.dtype)).element_size()
+    fits = 'backend="tiled" computes it with memory linear in L'
+    if name == "reference":
+        budget.check("backend", '"reference" (NumPy float64)', scores, n * (6 * 8 + 1),
+                     fits)
+    elif name == "math" or (name == "sdpa" and _sdpa_math(p, need_lse)):
+        what = f'"{name}"' + (" (on the math path here)" if name == "sdpa" else "")
+        grad = torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (p.query, p.key, p.value, p.attn_mask))
+        per = 6 * acc + 2 if grad else 4 * acc + 1  # autograd keeps more of them alive
+        budget.check("backend", what, scores, n * per, fits)
+    elif name == "sdpa" and not p.is_plain_causal and (
+            p.structured is not None or p.attn_mask is not None):
+        m = _dense_mask_entries(p)
+        size = p.query.element_size()
+        budget.check("backend", '"sdpa" with a dense mask', scores,
+                     m * (1 + size), fits)
+
+
+def _dense_mask_entries(p: Problem) -> int:
+    """Entries of the one dense mask the sdpa backend builds from all masks of a call."""
+    d = p.dims
+    shape = [1, 1, d.L, d.S]
+    if p.structured is not None:
+        shape[:2] = [p.structured.batch_size, p.structured.heads]
+    n = budget.entries(shape)
+    if p.attn_mask is not None:
+        n = max(n, budget.entries(p.attn_mask.shape[:-2]) * d.L * d.S)
+    return n

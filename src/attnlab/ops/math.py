@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.ops.problem import Problem, merged_allowed, sanitize_dead_keys
+from attnlab.ops.problem import Problem
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -53,14 +53,15 @@ def scores(p: Problem, key: torch.Tensor, allowed, bias) -> torch.Tensor:
 
 def alibi_bias(slopes: torch.Tensor, L: int, S: int) -> torch.Tensor:
     """(H, L, S) ALiBi bias slope_h · (j - i); softmax ignores the per-row shift of alignment."""
-    rel = torch.arange(S, device=slopes.device) - torch.arange(L, device=slopes.device)[:, None]
-    return slopes[:, None, None] * rel.to(slopes.dtype)  # (H, 1, 1) * (L, S) -> (H, L, S)
+    dt, dev = slopes.dtype, slopes.device
+    rel = torch.arange(S, device=dev, dtype=dt) - torch.arange(L, device=dev, dtype=dt)[:, None]
+    return slopes[:, None, None] * rel  # (H, 1, 1) * (L, S) -> (H, L, S)
 
 
 def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) in the accumulation dtype)."""
     allowed, bias = p.dense_masks()
-    key, value = sanitize_dead_keys(p, merged_allowed(allowed, bias))
+    key, value = p.key, p.value  # NaN/Inf in them was handled before any backend (nonfinite)
     w, lse = masked_softmax(scores(p, key, allowed, bias))
     if p.dropout_p > 0:
         w = F.dropout(w, p.dropout_p, training=True)

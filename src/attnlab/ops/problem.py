@@ -28,6 +28,7 @@ class Problem:
     attn_mask: torch.Tensor | None  # SDPA's mask: bool (True = attend) or float (added)
     softcap: float | None = None  # scores -> softcap · tanh(scores / softcap), before any bias
     alibi_slopes: torch.Tensor | None = None  # (H,): adds slope_h · (j - i) to the scores
+    finite: bool = False  # key and value are known to hold no NaN/Inf (checked once per call)
 
     @property
     def has_modifiers(self) -> bool:
@@ -59,7 +60,6 @@ class Problem:
         return allowed, bias
 
 
-
 def merged_allowed(allowed: torch.Tensor | None, bias: torch.Tensor | None):
     """One bool matrix (True = may attend) from `dense_masks()`: a float mask's -inf entries too."""
     if bias is None:
@@ -74,23 +74,3 @@ def _fit(mask4d: torch.Tensor, ndim: int) -> torch.Tensor:
     while mask4d.dim() > max(ndim, 2) and mask4d.shape[0] == 1:
         mask4d = mask4d[0]
     return mask4d
-
-
-def sanitize_dead_keys(p: Problem, allowed: torch.Tensor | None):
-    """key, value with every position that no query may attend zeroed (NaN there can't leak).
-
-    Returns (key, value) expanded to query heads when the mask differs per head.
-    """
-    if allowed is None:
-        return p.key, p.value
-    S = p.dims.S
-    dead = ~allowed.any(dim=-2)  # (..., Hm, S): no query row attends this key
-    if not bool(dead.any()):
-        return p.key, p.value
-    key, value = p.key, p.value
-    if dead.dim() >= 2 and dead.shape[-2] > 1 and p.dims.groups > 1:
-        # per-head mask with grouped k/v: a key dead for one head may be alive for its group mate
-        dead = dead.unflatten(-2, (p.dims.Hkv, p.dims.groups)).all(dim=-2)  # (..., Hkv, S)
-    dead = dead.reshape(*dead.shape[:-1], S, 1)  # (..., Hkv|1, S, 1)
-    zero = torch.zeros((), dtype=key.dtype, device=key.device)
-    return torch.where(dead, zero, key), torch.where(dead, zero, value)

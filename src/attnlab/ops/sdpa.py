@@ -1,8 +1,9 @@
 """Backend "sdpa": PyTorch's fused `scaled_dot_product_attention`, with attnlab's semantics.
 
 attnlab adds what SDPA lacks: structured masks (passed as `is_causal` when that says it exactly,
-else as a dense mask), NaN safety for keys/values no query may attend, and the log-sum-exp
-(through the CPU flash kernel, which returns it) when `return_lse=True`.
+else as a dense mask) and the log-sum-exp when `return_lse=True`, through the CPU flash kernel
+behind `fused_cpu` (which returns it). Non-finite keys/values are handled before any backend
+runs (`ops.nonfinite`).
 """
 
 from __future__ import annotations
@@ -10,70 +11,59 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.ops.problem import Problem, merged_allowed, sanitize_dead_keys
+from attnlab.ops import fused_cpu
+from attnlab.ops.problem import Problem
 
 
 def _dense_for_sdpa(p: Problem):
-    """(attn_mask for SDPA or None, is_causal, allowed bool or None)."""
+    """(attn_mask for SDPA or None, is_causal)."""
     if p.structured is None and p.attn_mask is None:
-        return None, False, None
+        return None, False
     if p.is_plain_causal:
-        return None, True, None
+        return None, True
     allowed, bias = p.dense_masks()
     if bias is None:
-        return allowed, False, allowed
+        return allowed, False
     ninf = torch.tensor(float("-inf"), dtype=bias.dtype, device=bias.device)
     merged = bias if allowed is None else torch.where(allowed, bias, ninf)
-    return merged.to(p.query.dtype), False, merged_allowed(allowed, bias)
-
-
-def _causal_dead(p: Problem):
-    """Top-left causal with S > L leaves keys j >= L unseen by every query."""
-    L, S = p.dims.L, p.dims.S
-    if S <= L:
-        return None
-    cols = torch.arange(S, device=p.query.device)
-    return (cols < L)[None, :].expand(max(L, 1), S)  # (L, S): "alive" as a fake allowed matrix
+    return merged.to(p.query.dtype), False
 
 
 def forward(p: Problem, *, need_lse: bool):
-    mask, is_causal, allowed = _dense_for_sdpa(p)
-    key, value = sanitize_dead_keys(p, _causal_dead(p) if is_causal else allowed)
+    mask, is_causal = _dense_for_sdpa(p)
     if need_lse:
-        out, lse = _flash_cpu(p, key, value, mask, is_causal)
-        if allowed is not None:  # the kernel reports 0 for rows that see nothing; attnlab says -inf
-            lse = lse.masked_fill(~allowed.any(dim=-1).expand(lse.shape), float("-inf"))
-        return out, lse
+        return _flash_cpu(p, mask, is_causal)
     out = F.scaled_dot_product_attention(
-        p.query, key, value, attn_mask=mask, dropout_p=p.dropout_p, is_causal=is_causal,
+        p.query, p.key, p.value, attn_mask=mask, dropout_p=p.dropout_p, is_causal=is_causal,
         scale=p.scale, enable_gqa=p.dims.groups > 1,
     )
     return out, None
 
 
-def _flash_cpu(p: Problem, key, value, mask, is_causal):
-    """The CPU flash kernel returns (out, lse); it wants 4-D, equal heads and a float mask."""
-    q = p.query
-    shape = q.shape
+def _flash_cpu(p: Problem, mask, is_causal):
+    """(out, lse) from the CPU flash kernel: 4-D inputs, equal heads, a float mask."""
+    q, key, value = p.query, p.key, p.value
     if p.dims.groups > 1:
         key = key.repeat_interleave(p.dims.groups, dim=-3)  # (..., Hkv, S, D) -> (..., H, S, D)
         value = value.repeat_interleave(p.dims.groups, dim=-3)
-    q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) if x.dim() >= 3 else x[None, None]
-                  for x in (q, key, value))  # (B, H, L|S, D)
+    q4, k4, v4 = (_as4(x, q.shape) for x in (q, key, value))  # (B, H, L|S, D)
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
             ~mask, float("-inf"))
     if mask is not None:
-        mask = mask.expand(*shape[:-2], p.dims.L, p.dims.S) if q.dim() >= 3 else mask
-        mask = mask.reshape(-1, *mask.shape[-3:]) if mask.dim() >= 3 else mask
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q4, k4, v4, p.dropout_p, is_causal, attn_mask=mask, scale=p.scale
-    )
-    out = out.reshape(*shape[:-1], p.dims.Dv)
-    lse = lse.reshape(shape[:-1])
-    return out, lse
+        mask = _as4(mask, q.shape)  # (B|1, H|1, L|1, S|1): broadcast dims stay unexpanded
+    out, lse = fused_cpu.forward(q4, k4, v4, attn_mask=mask, is_causal=is_causal, scale=p.scale)
+    return out.reshape(*q.shape[:-1], p.dims.Dv), lse.reshape(q.shape[:-1])
 
 
-def has_lse_kernel(device: torch.device) -> bool:
-    return device.type == "cpu" and hasattr(
-        torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+def _as4(x: torch.Tensor, q_shape) -> torch.Tensor:
+    """A tensor broadcastable to (..., H, L, X) (q_shape's dims) as 4-D (B|1, H|1, L|1, X) with
+    the batch dims flattened; a mask's broadcast dims stay size 1 unless the batch needs them."""
+    n = len(q_shape)
+    x = x.reshape((1,) * (n - x.dim()) + tuple(x.shape))
+    if n <= 4:
+        return x.reshape((1,) * (4 - n) + tuple(x.shape))
+    nb = n - 3
+    if all(s == 1 for s in x.shape[:nb]):
+        return x.reshape(1, *x.shape[nb:])
+    return x.expand(*q_shape[:nb], *x.shape[nb:]).reshape(-1, *x.shape[nb:])

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.ops import fused_cpu
 from attnlab.ops import math as math_backend
-from attnlab.ops import tiled_fused
 from attnlab.ops.problem import Problem
 from attnlab.ops.tiled_bwd import _bwd
 from attnlab.ops.tiled_fwd import _fwd
@@ -43,11 +43,13 @@ def forward(p: Problem, need_lse: bool = True, *, fused: bool | None = None):
     plain PyTorch ops (False; always available).
     """
     d = p.dims
-    if d.L == 0 or d.S == 0 or d.D == 0:
+    if min(p.query.numel(), p.key.numel(), p.value.numel()) == 0:
         return math_backend.forward(p)  # nothing to tile; the math path has the semantics
-    st = make_setup(p, fused=tiled_fused.available(p) if fused is None else fused)
+    st = make_setup(p, fused=fused_cpu.applies(p) if fused is None else fused)
     q = p.query.reshape(st.B, d.H, d.L, d.D)  # (..., H, L, D) -> (B, H, L, D)
     k = p.key.reshape(st.B, d.Hkv, d.S, d.D)
     v = p.value.reshape(st.B, d.Hkv, d.S, d.Dv)
+    if st.fused:  # the layouts the fused kernel reads right, copied once rather than per chunk
+        q, k, v = (fused_cpu.laid_out(x) for x in (q, k, v))
     out, lse = TiledAttention.apply(q, k, v, st)
     return out.reshape(*p.query.shape[:-1], d.Dv), lse.reshape(p.query.shape[:-1])

@@ -10,29 +10,17 @@ Its backward, given the *global* out and lse, returns that chunk's exact share o
 (P = exp(s - lse), δ = rowsum(dO·out)). So the plan decides which keys are visited (empty tiles
 never are) and the fused kernel does the arithmetic; a masked chunk gets its own small float mask.
 
-Used when the device has the kernel, D == Dv, no dropout, no softcap/ALiBi (the pure PyTorch
-chunk loop in `tiled_fwd`/`tiled_bwd` covers those). Grouped heads are stacked along the rows.
-The kernel reports lse 0 for a row it saw fully masked; such rows are set to -inf here.
+Used where `fused_cpu.applies` (the pure PyTorch chunk loop in `tiled_fwd`/`tiled_bwd` covers
+the rest); every call goes through `fused_cpu`, which owns the kernel's layouts and lse
+conventions. Grouped heads are stacked along the rows.
 """
 
 from __future__ import annotations
 
 import torch
 
+from attnlab.ops import fused_cpu
 from attnlab.ops.tiled_scores import Setup, alive_columns, bias_chunk, chunk_allowed, heads5
-
-_FWD = "_scaled_dot_product_flash_attention_for_cpu"
-
-
-def available(p) -> bool:
-    return (
-        p.query.device.type == "cpu"
-        and hasattr(torch.ops.aten, _FWD)
-        and p.dims.Dv == p.dims.D
-        and p.dropout_p == 0
-        and not p.has_modifiers
-        and p.query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-    )
 
 
 def _rows(st: Setup, x5: torch.Tensor, q0: int, q1: int) -> torch.Tensor:
@@ -60,7 +48,6 @@ def _chunk_inputs(st: Setup, k, v, q0, q1, ch, dtype):
     bias = bias.expand(Bb, Hb, st.G, bq, ck).reshape(Bb, Hb, st.G * bq, ck)  # (.., G·bq, ck)
     rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq|1)
     row_alive = rows.expand(*rows.shape[:2], st.G, bq).reshape(*rows.shape[:2], st.G * bq)
-    row_alive = None if bool(row_alive.all()) else row_alive
     if st.shift_invariant:
         st.cache[key] = (bias, row_alive)
     return kc, vc, bias, row_alive
@@ -73,10 +60,8 @@ def fwd_rows(st: Setup, q5, k, v, q0, q1, chunks):
     out = lse = None
     for ch in chunks:
         kc, vc, bias, row_alive = _chunk_inputs(st, k, v, q0, q1, ch, q5.dtype)
-        o, l = getattr(torch.ops.aten, _FWD)(qb, kc, vc, 0.0, False, attn_mask=bias,
-                                              scale=st.scale)  # (B, Hkv, G·bq, Dv), (.., G·bq)
-        if row_alive is not None:
-            l = torch.where(row_alive, l, float("-inf"))
+        o, l = fused_cpu.forward(qb, kc, vc, attn_mask=bias, scale=st.scale,
+                                 row_alive=row_alive)  # (B, Hkv, G·bq, Dv), (B, Hkv, G·bq)
         if out is None:
             out, lse = o, l
             continue
@@ -91,13 +76,11 @@ def fwd_rows(st: Setup, q5, k, v, q0, q1, chunks):
 def bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv):
     """dq rows (B, Hkv, G·bq, D) in the accumulation dtype; adds this block's dk, dv shares."""
     qb, ob, dob = _rows(st, q5, q0, q1), _rows(st, out5, q0, q1), _rows(st, do5, q0, q1)
-    lb = lse5[:, :, :, q0:q1].reshape(st.B, st.Hkv, -1)
-    lb = torch.where(lb == float("-inf"), float("inf"), lb)  # dead rows: P = exp(s - inf) = 0
+    lb = lse5[:, :, :, q0:q1].reshape(st.B, st.Hkv, -1)  # (B, Hkv, G·bq)
     dq = None
     for ch in chunks:
         kc, vc, bias, _ = _chunk_inputs(st, k, v, q0, q1, ch, q5.dtype)
-        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dob, qb, kc, vc, ob, lb, 0.0, False, attn_mask=bias, scale=st.scale)
+        gq, gk, gv = fused_cpu.backward(dob, qb, kc, vc, ob, lb, attn_mask=bias, scale=st.scale)
         dq = gq.to(dk.dtype) if dq is None else dq + gq
         dk[:, :, ch.k0:ch.k1] += gk
         dv[:, :, ch.k0:ch.k1] += gv

@@ -64,7 +64,7 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         structured=p.structured, bias=_bias4(p), softcap=p.softcap,
         slopes=slopes, dropout_p=p.dropout_p, seed=seed, plan=make_plan(p, fused=fused),
         fused=fused,
-        finite=_all_finite(p.key) and _all_finite(p.value),
+        finite=p.finite or (_all_finite(p.key) and _all_finite(p.value)),
         shift_invariant=p.attn_mask is None and _shift_invariant(p.structured),
     )
 
@@ -173,6 +173,8 @@ def alive_columns(st: Setup, allowed: torch.Tensor) -> torch.Tensor:
 def dropout_keep(st: Setup, gen: torch.Generator, shape, device) -> torch.Tensor:
     """The survivors' multiplier (0 or 1/(1-p)); the backward replays the same generator."""
     keep = torch.rand(shape, generator=gen, device=device) >= st.dropout_p
+    if st.dropout_p >= 1.0:  # every weight dropped (0/0 otherwise)
+        return keep.to(st.acc)
     return keep.to(st.acc) / (1.0 - st.dropout_p)
 
 

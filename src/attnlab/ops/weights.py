@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
+from attnlab.ops import budget
 from attnlab.ops.api import make_problem
 from attnlab.ops.math import accum_dtype
 
@@ -45,17 +46,25 @@ def attention_weights(
         (..., H, R, S) weights in the accumulation dtype (float32 for fp16/bf16), R = len(rows);
         each row sums to 1, a row with nothing to attend is all 0.
     """
-    p = make_problem(query, key, key, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=mask,
+    p = make_problem(query, key, None, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=mask,
                      softcap=softcap, alibi_slopes=alibi_slopes)
     d = p.dims
-    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(query.shape[:-1]):
+    want = tuple(p.query.shape[:-1])  # query's (..., H, L), batch broadcast with key's
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want:
         got = fmt_shape(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
         raise AttnlabError(
-            f"lse: expected (..., H, L) = {fmt_shape(query.shape[:-1])} like query "
+            f"lse: expected (..., H, L) = {fmt_shape(want)} like query "
             f"{fmt_shape(query.shape)}, got {got}"
         )
+    query, key = p.query, p.key
     idx = _rows(rows, d.L, query.device)
     acc = accum_dtype(query.dtype)
+    scores = (*d.scores_shape[:-2], idx.numel(), d.S)
+    budget.check("rows", f"attention_weights for {idx.numel()} rows", scores,
+                 budget.entries(scores) * (3 * torch.empty((), dtype=acc).element_size() + 1),
+                 "ask for fewer rows at a time, e.g. rows=slice(0, 1024)")
+    if budget.entries(scores) == 0:
+        return torch.zeros(scores, dtype=acc, device=query.device)  # nothing to weigh
     allowed = _allowed(p, idx)  # (..., H|1, R, S) or None
     cols = torch.arange(d.S, device=query.device)
     if allowed is not None and allowed.shape[-1] == d.S:
@@ -76,7 +85,7 @@ def attention_weights(
     if p.softcap is not None:
         s = torch.tanh(s / p.softcap) * p.softcap
     if p.alibi_slopes is not None:
-        rel = (cols[None, :] - idx[:, None]).to(acc)  # (R, S'): j - i
+        rel = cols.to(acc)[None, :] - idx.to(acc)[:, None]  # (R, S'): j - i
         slopes = p.alibi_slopes.to(acc)
         s = s + (slopes[:, None, None] if d.ndim > 2 else slopes[0]) * rel
     if p.attn_mask is not None and p.attn_mask.dtype != torch.bool:
@@ -112,17 +121,22 @@ def _allowed(p, idx: torch.Tensor) -> torch.Tensor | None:
 
 
 def _rows(rows, L: int, device) -> torch.Tensor:
+    """int64 (R,) row indices in [0, L) from None, an int, a slice or a 1-D sequence of ints."""
     if rows is None:
         return torch.arange(L, device=device)
     if isinstance(rows, slice):
         return torch.arange(L, device=device)[rows]
-    if isinstance(rows, bool):
-        raise AttnlabError(f"rows: expected an int, slice or sequence of ints, got {rows!r}")
-    t = torch.as_tensor(rows, device=device)
+    what = "rows: expected an int, a slice or a 1-D sequence of ints"
+    if isinstance(rows, (bool, str, bytes, set, frozenset, dict, float)):
+        raise AttnlabError(f"{what}, got {type(rows).__name__} {rows!r}"[:200])
+    if isinstance(rows, (list, tuple)) and len(rows) == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)  # no rows: an empty result
+    try:
+        t = torch.as_tensor(rows, device=device)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise AttnlabError(f"{what}, got {rows!r}"[:200]) from None
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.dim() > 1:
-        raise AttnlabError(
-            f"rows: expected an int, slice or 1-D sequence of ints, got {rows!r}"[:200]
-        )
+        raise AttnlabError(f"{what}, got {rows!r}"[:200])
     t = t.reshape(-1).to(torch.int64)
     if t.numel() and (int(t.min()) < -L or int(t.max()) >= L):
         raise AttnlabError(f"rows: indices must lie in [-{L}, {L}), got {t.tolist()}"[:200])
