@@ -15,9 +15,11 @@ bool mask (True = may attend, attnlab's convention) or None when the mask is pla
 plain full, in which case causality comes from `module.is_causal` (never for one query row: a
 decoding step sees the whole cache). A float mask a caller built itself is added to the scores.
 
-Weights are returned when `output_attentions` is asked for (or a `recording.record()` block is
-active): the op returns the log-sum-exp of each row and `attnlab.attention_weights` recomputes the
-weights exactly from it, exp(score - lse), never by a second softmax, a block of rows at a time.
+Weights are returned whenever transformers collects attentions (`output_attentions=True` in the
+call or the config, seen through its output-capturing hooks or a keyword) or a `recording.record()`
+block is active, and never otherwise: the op returns the log-sum-exp of each row and
+`attnlab.attention_weights` recomputes the weights exactly from it, exp(score - lse), never by a
+second softmax, a block of rows at a time.
 Caution: in training mode with dropout the returned weights are those before dropout. Logit
 softcapping (Gemma 2) is passed on to the op; attention sinks are refused (AttnlabError).
 """
@@ -62,11 +64,27 @@ def _is_causal(module, is_causal, attention_mask, L: int) -> bool:
     return bool(causal)
 
 
-def _wants_weights(module, kwargs) -> bool:
-    if kwargs.get("output_attentions"):
+def _collector() -> dict | None:
+    """What transformers' output capturing collects right now: a dict keyed by output name
+    ("attentions", "cross_attentions", ...) while a `capture_outputs` forward runs, else None."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capturing passes output_attentions on
+        return None
+    return _active_collector.get()
+
+
+def _wants_weights(kwargs) -> bool:
+    # transformers 5 models decorated with `capture_outputs` (GPT-2, BERT, ...) pop
+    # output_attentions before the layers run and collect the weights the attention modules
+    # return through forward hooks, so the active collector, not a keyword, says what is
+    # wanted. It cannot say which hook a call feeds (T5 hooks the layer wrapping the attention),
+    # so any *attentions output being collected asks every attention call for its weights, as
+    # eager always computes them.
+    if kwargs.get("output_attentions") or recording.recording():
         return True
-    config = getattr(module, "config", None)
-    return bool(getattr(config, "output_attentions", False)) or recording.recording()
+    collecting = _collector()
+    return collecting is not None and any(name.endswith("attentions") for name in collecting)
 
 
 def _with_position_bias(position_bias, attention_mask, causal: bool):
@@ -111,7 +129,7 @@ def attnlab_attention_forward(
                 enable_gqa=key.shape[-3] != query.shape[-3])
     if kwargs.get("softcap") is not None:  # Gemma 2: softcap * tanh(scaled score / softcap)
         args["softcap"] = float(kwargs["softcap"])
-    if not _wants_weights(module, kwargs):
+    if not _wants_weights(kwargs):
         out = attention(query, key, value, **args)  # (B, H, L, Dv)
         return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
     out, lse = attention(query, key, value, return_lse=True, **args)
