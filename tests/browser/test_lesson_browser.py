@@ -306,8 +306,12 @@ def test_a_screenshot_of_every_section(page, tmp_path):
     from PIL import Image
 
     out = Path(os.environ.get("ATTNLAB_SCREENSHOTS") or tmp_path)
+    page.locator("#check .q").first.locator("button[data-right='true']").click()  # one answered
+    page.click("#mask-grid button[data-i='1'][data-j='2']")  # one cell explained
     for s in SECTIONS:
-        png = page.locator(f"#{s}").screenshot()
+        box = page.locator(f"#{s}").bounding_box()  # viewport coordinates -> the page's
+        box["y"] += page.evaluate("window.scrollY")
+        png = page.screenshot(full_page=True, clip={**box, "height": min(box["height"], 760)})
         img = Image.open(io.BytesIO(png)).convert("RGB")
         assert img.width > 600 and img.height > 150, (s, img.size)
         colours = img.getcolors(maxcolors=1 << 20)

@@ -274,40 +274,42 @@
     svg.setAttribute("height", size);
     svg.setAttribute("viewBox", "0 0 " + size + " " + size);
   }
-  Plane.prototype.start = function (R, xLabel, yLabel) {
-    var s = this.size, svg = clear(this.svg);
-    this.R = R;
+  // R: half the width shown, in vector units; c: the point at the centre (default the origin)
+  Plane.prototype.start = function (R, xLabel, yLabel, c) {
+    var s = this.size, svg = clear(this.svg), P = this;
+    this.c = c || [0, 0];
     this.k = (s - 40) / (2 * R);
-    var step = R > 12 ? Math.ceil(R / 6) : R > 6 ? 2 : 1, P = this;
+    var step = [0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500].filter(function (x) {
+      return x >= R / 6;
+    })[0] || 1000;
     svg.appendChild(sv("rect", { x: 0, y: 0, width: s, height: s, fill: "#fff" }));
-    for (var t = -Math.floor(R / step) * step; t <= R; t += step) {
-      var a = P.px(t, 0), b = P.px(0, t);
-      svg.appendChild(sv("line", { x1: a[0], y1: 20, x2: a[0], y2: s - 20,
-                                   stroke: t === 0 ? "#888" : "#eee" }));
-      svg.appendChild(sv("line", { x1: 20, y1: b[1], x2: s - 20, y2: b[1],
-                                   stroke: t === 0 ? "#888" : "#eee" }));
-      if (t !== 0) {
-        svg.appendChild(sv("text", { x: a[0], y: P.px(0, 0)[1] + 13, "font-size": 10,
-                                     fill: "#999", "text-anchor": "middle" }, fmt(t)));
-        svg.appendChild(sv("text", { x: P.px(0, 0)[0] - 4, y: b[1] + 3, "font-size": 10,
-                                     fill: "#999", "text-anchor": "end" }, fmt(t)));
-      }
+    var o = P.px(0, 0), ox = Math.max(20, Math.min(s - 20, o[0])), oy = Math.max(20, Math.min(s - 20, o[1]));
+    var lines = sv("g"), ticks = sv("g", { "font-size": 10, fill: "#999" });
+    for (var i = Math.ceil((this.c[0] - R) / step); i * step <= this.c[0] + R; i++) {
+      var x = P.px(i * step, 0)[0];
+      lines.appendChild(sv("line", { x1: x, y1: 20, x2: x, y2: s - 20, stroke: i ? "#eee" : "#888" }));
+      if (i) ticks.appendChild(sv("text", { x: x, y: oy + 13, "text-anchor": "middle" }, fmt(i * step)));
     }
-    var o = P.px(0, 0);
-    if (xLabel) svg.appendChild(sv("text", { x: s - 20, y: o[1] + 26, "font-size": 12,
+    for (i = Math.ceil((this.c[1] - R) / step); i * step <= this.c[1] + R; i++) {
+      var y = P.px(0, i * step)[1];
+      lines.appendChild(sv("line", { x1: 20, y1: y, x2: s - 20, y2: y, stroke: i ? "#eee" : "#888" }));
+      if (i) ticks.appendChild(sv("text", { x: ox - 4, y: y + 3, "text-anchor": "end" }, fmt(i * step)));
+    }
+    add(svg, lines, ticks);
+    if (xLabel) svg.appendChild(sv("text", { x: s - 20, y: oy + 26, "font-size": 12,
                                              fill: "#555", "text-anchor": "end" }, xLabel + " \u2192"));
-    if (yLabel) svg.appendChild(sv("text", { x: o[0] - 8, y: 16, "font-size": 12, fill: "#555",
+    if (yLabel) svg.appendChild(sv("text", { x: ox - 8, y: 16, "font-size": 12, fill: "#555",
                                              "text-anchor": "end" }, "\u2191 " + yLabel));
     this.placed = [];
     return svg;
   };
   Plane.prototype.px = function (x, y) {
-    return [this.size / 2 + this.k * x, this.size / 2 - this.k * y];
+    return [this.size / 2 + this.k * (x - this.c[0]), this.size / 2 - this.k * (y - this.c[1])];
   };
   Plane.prototype.world = function (ev) {
     var r = this.svg.getBoundingClientRect();
     var sx = (ev.clientX - r.left) * this.size / r.width, sy = (ev.clientY - r.top) * this.size / r.height;
-    return [(sx - this.size / 2) / this.k, (this.size / 2 - sy) / this.k];
+    return [this.c[0] + (sx - this.size / 2) / this.k, this.c[1] + (this.size / 2 - sy) / this.k];
   };
   Plane.prototype.arrow = function (from, to, col, width, attrs) {
     var a = this.px(from[0], from[1]), b = this.px(to[0], to[1]);
@@ -706,9 +708,17 @@
   }
   function updateBorrow(row) {
     var V = st.values, out = row.output, w = row.weights;
-    var R = extent(V.concat([out]), 0.6) * 1.25;
+    // frame the values, the context vector and the origin
+    var pts = V.concat([out, [0, 0]]), lo = [Infinity, Infinity], hi = [-Infinity, -Infinity];
+    pts.forEach(function (v) {
+      for (var c = 0; c < 2; c++) {
+        lo[c] = Math.min(lo[c], v[c] || 0);
+        hi[c] = Math.max(hi[c], v[c] || 0);
+      }
+    });
+    var R = Math.max(0.5, (hi[0] - lo[0]) / 2, (hi[1] - lo[1]) / 2) * 1.3;
     var P = borrowPlane, meaning = DATA.value_meaning;
-    var svg = P.start(R, meaning[0], meaning[1]);
+    var svg = P.start(R, meaning[0], meaning[1], [(lo[0] + hi[0]) / 2, (lo[1] + hi[1]) / 2]);
     V.forEach(function (v, j) {
       svg.appendChild(P.arrow([0, 0], v, color(j), 2, { opacity: 0.35 }));
       P.label(v, short(st.tokens[j]), color(j), { opacity: 0.8, "font-weight": "normal" });
