@@ -10,7 +10,8 @@ import sys
 from attnlab.errors import AttnlabError
 
 #: subcommand modules, in the order `--help` lists them
-COMMANDS = ("lesson", "explain", "train", "generate", "plot", "view", "serve", "bench")
+COMMANDS = ("lesson", "explain", "train", "generate", "plot", "view", "serve", "bench",
+            "plan_cp")
 
 
 def build_parser() -> argparse.ArgumentParser:

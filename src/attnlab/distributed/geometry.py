@@ -70,27 +70,32 @@ class Geometry:
     # -- key needs: what a rank receives ---------------------------------------------------------
     @cached_property
     def key_block(self) -> int:
-        return max(1, math.ceil(self.S / MAX_KEY_BLOCKS))
+        """Keys per block of transfer planning: 1 (exact) up to MAX_KEY_BLOCKS blocks, else the
+        largest divisor of the chunk that keeps the block count near that bound (so blocks
+        never straddle two ranks' chunks)."""
+        target = math.ceil(self.S / MAX_KEY_BLOCKS)
+        if target <= 1 or self.layout == "striped":
+            return max(1, target)
+        c = self.k.chunk
+        return max(d for d in range(1, min(c, target) + 1) if c % d == 0)
 
     @cached_property
-    def key_needs(self) -> torch.Tensor:
-        """bool (world, S): rank r has a query that may attend global key j (per key block)."""
-        P, need = self.world, torch.zeros(self.world, self.S, dtype=torch.bool)
+    def need_blocks(self) -> torch.Tensor:
+        """bool (world, nKb): rank r has a query that may attend some key of key block b."""
+        P, bk = self.world, self.key_block
+        nkb = math.ceil(self.S / bk)
+        has_rows = torch.tensor([self.q.size(r) > 0 for r in range(P)])
         if self.mask is None:
-            for r in range(P):
-                need[r] = self.q.size(r) > 0
-            return need
+            return has_rows[:, None].expand(P, nkb).clone()
         bq = self.q.chunk if self.layout != "striped" else max(1, math.ceil(self.L / (2 * P)))
-        t = self.mask.tiles(self.L, self.S, bq, self.key_block)  # (Bm, Hm, nQ, nKb)
+        t = self.mask.tiles(self.L, self.S, bq, bk)  # (Bm, Hm, nQ, nKb)
         live = (t != EMPTY).flatten(0, 1).any(0)  # (nQ, nKb)
-        live = live.repeat_interleave(self.key_block, dim=1)[:, : self.S]  # (nQ, S)
+        if self.layout == "striped":  # every rank has rows in every query block
+            return has_rows[:, None] & live.any(0)[None, :]
+        need = torch.zeros(P, nkb, dtype=torch.bool)
         for r in range(P):
-            if self.q.size(r) == 0:
-                continue
-            if self.layout == "striped":
-                need[r] = live.any(0)
-            else:
-                rows = [c for c in self.q.chunks_of(r) if c < live.shape[0]]
+            rows = [c for c in self.q.chunks_of(r) if c < live.shape[0]]
+            if rows:
                 need[r] = live[rows].any(0)
         return need
 
@@ -99,16 +104,34 @@ class Geometry:
         key = ("rows", r, s)
         if key not in self._cache:
             pos = self.k.positions(s)
-            self._cache[key] = torch.nonzero(self.key_needs[r][pos]).flatten()
+            self._cache[key] = torch.nonzero(self.need_blocks[r][pos // self.key_block]).flatten()
         return self._cache[key]
 
+    @cached_property
+    def counts(self) -> list[list[int]]:
+        """counts[r][s]: how many of rank s's keys rank r needs (r == s included)."""
+        P, bk, need = self.world, self.key_block, self.need_blocks
+        if self.layout == "striped":
+            per_s = [int(need[:, self.k.positions(s) // bk].sum(1).max()) for s in range(P)]
+            has = [self.q.size(r) > 0 for r in range(P)]
+            return [[per_s[s] if has[r] else 0 for s in range(P)] for r in range(P)]
+        nkb = need.shape[1]
+        hk = torch.clamp(self.S - torch.arange(nkb) * bk, min=0, max=bk)  # keys per block
+        per_chunk = self.k.chunk // bk
+        nch = math.ceil(nkb / per_chunk)
+        w = torch.zeros(P, nch * per_chunk, dtype=torch.int64)
+        w[:, :nkb] = need.long() * hk  # (P, nKb) keys needed per block
+        by_chunk = w.reshape(P, nch, per_chunk).sum(-1)  # (P, nChunks)
+        return [[int(sum(by_chunk[r, c] for c in self.k.chunks_of(s) if c < nch))
+                 for s in range(P)] for r in range(P)]
+
     def count_needed(self, r: int, s: int) -> int:
-        return len(self.rows_needed(r, s))
+        return self.counts[r][s]
 
     @cached_property
     def all_need_all(self) -> bool:
         """Every rank needs every key of every other rank: a plain all-gather is the exchange."""
-        return all(self.count_needed(r, s) == self.k.size(s)
+        return all(self.counts[r][s] == self.k.size(s)
                    for r in range(self.world) for s in range(self.world) if r != s)
 
     @cached_property
@@ -118,7 +141,7 @@ class Geometry:
         hops = 0
         for r in range(self.world):
             for s in range(self.world):
-                if r != s and self.count_needed(r, s) > 0:
+                if r != s and self.counts[r][s] > 0:
                     hops = max(hops, (r - s) % self.world)
         return hops
 

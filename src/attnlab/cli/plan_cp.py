@@ -1,0 +1,105 @@
+"""`attnlab plan-cp`: context-parallel attention planned on paper, for 8-64 machines or any.
+
+For each world size, each strategy's bytes sent per rank (forward; forward + backward), FLOPs per
+rank, load balance (max / mean work over ranks), and predicted time on a link of --link-gbps and
+chips of --tflops, with and without overlapping communication and compute — the numbers
+`attnlab.distributed.plan` computes and the tests check against what the code really sends.
+
+Masks: full, causal, sliding:W (causal window of W keys), document:N (N equal documents, causal
+inside each), prefix:N (prefix-LM with an N-token prefix).
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def add_parser(sub):
+    p = sub.add_parser("plan-cp", help="plan context-parallel attention: bytes, FLOPs, time",
+                       description=__doc__)
+    p.add_argument("--L", type=int, required=True, help="sequence length (queries = keys)")
+    p.add_argument("--heads", type=int, required=True, help="query heads H")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads Hkv (default H)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dim D (default 128)")
+    p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
+    p.add_argument("--world", type=int, nargs="+", default=[8, 16, 32, 64],
+                   help="numbers of ranks to plan for (default 8 16 32 64)")
+    p.add_argument("--mask", default="causal", help="full | causal | sliding:W | document:N | "
+                   "prefix:N (default causal)")
+    p.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous", "striped"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp64"])
+    p.add_argument("--link-gbps", type=float, default=100.0,
+                   help="link bandwidth per rank, Gbit/s, each way (default 100)")
+    p.add_argument("--tflops", type=float, default=100.0,
+                   help="attention throughput per rank, TFLOP/s (default 100)")
+    p.add_argument("--json", action="store_true", help="print the plans as JSON")
+    return p
+
+
+def parse_mask(spec: str, L: int):
+    """(mask, is_causal) from a --mask spec."""
+    import torch
+
+    from attnlab import masks
+    from attnlab.errors import AttnlabError
+
+    kind, _, arg = spec.partition(":")
+    if kind in ("full", "causal") and not arg:
+        return None, kind == "causal"
+    try:
+        n = int(arg)
+    except ValueError:
+        n = 0
+    if n < 1 or kind not in ("sliding", "document", "prefix"):
+        raise AttnlabError(f"--mask: expected full, causal, sliding:W, document:N or prefix:N "
+                           f"with a positive integer, got {spec!r}")
+    if kind == "sliding":
+        return masks.sliding_window(n), False
+    if kind == "prefix":
+        return masks.prefix_lm(n), False
+    ids = torch.arange(L) * n // L  # N equal documents
+    return masks.document(ids), True
+
+
+def _row(P, e, choice):
+    mib = 2**20
+    if not e.feasible:
+        return f"| {P} | {e.strategy} | — | — | — | — | — | — | — | — | {e.why_not} |"
+    fwd = max(e.fwd_sent) / mib
+    tflop = max(e.flops_fwd) / 1e12
+    pick = "**auto**" if e.strategy == choice else ""
+    return (f"| {P} | {e.strategy} | {fwd:,.1f} | {e.bytes_per_rank() / mib:,.1f} | "
+            f"{tflop:,.3g} | {e.load:.3f} | {e.comm_s * 1e3:,.1f} | {e.compute_s * 1e3:,.1f} | "
+            f"{e.time_s * 1e3:,.1f} | {e.serial_s * 1e3:,.1f} | {pick} |")
+
+
+def run(args) -> int:
+    from attnlab.distributed import plan
+
+    mask, is_causal = parse_mask(args.mask, args.L)
+    hkv = args.kv_heads or args.heads
+    plans = [plan(args.L, args.heads, hkv, args.head_dim, P, mask=mask, is_causal=is_causal,
+                  layout=args.layout, dtype=args.dtype, batch=args.batch,
+                  link_gbps=args.link_gbps, tflops=args.tflops) for P in args.world]
+    if args.json:
+        print(json.dumps([{"world": p.world, "choice": p.choice, "reason": p.reason,
+                           "strategies": {s: {k: getattr(e, k) for k in (
+                               "feasible", "why_not", "fwd_sent", "fwd_recv", "bwd_sent",
+                               "bwd_recv", "flops_fwd", "comm_s", "compute_s")}
+                               | {"load": e.load if e.feasible else None,
+                                  "time_s": e.time_s if e.feasible else None}
+                               for s, e in p.estimates.items()}} for p in plans], indent=1))
+        return 0
+    print(f"# attnlab plan-cp: L={args.L}, B={args.batch}, H={args.heads}, Hkv={hkv}, "
+          f"D={args.head_dim}, {args.dtype}, mask {args.mask}, layout {args.layout}; "
+          f"link {args.link_gbps:g} Gbit/s, {args.tflops:g} TFLOP/s per rank\n")
+    print("| ranks | strategy | fwd MiB sent/rank | fwd+bwd MiB sent/rank | fwd TFLOP/rank | "
+          "load max/mean | comm ms | compute ms | time ms (overlap) | time ms (serial) | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in plans:
+        for e in p.estimates.values():
+            print(_row(p.world, e, p.choice))
+    print()
+    for p in plans:
+        print(f"- {p.world} ranks: {p.reason}")
+    return 0

@@ -1,0 +1,113 @@
+"""The cost model on paper: load balance from the mask's tiles, halos, mask-aware transfer sets,
+feasibility, and the `attnlab plan-cp` table. (That the bytes equal what the code sends is
+asserted against the running group in test_comm.py.)"""
+
+import pytest
+import torch
+
+import attnlab.distributed as cp
+from attnlab import masks
+from attnlab.cli import main
+from attnlab.distributed.geometry import Geometry
+from attnlab.errors import AttnlabError
+
+
+@pytest.mark.parametrize("P", [4, 8])
+def test_zigzag_balances_causal_work(P):
+    p = cp.plan(4096, 8, 8, 64, P, mask=masks.causal(), layout="zigzag")
+    assert p["ring"].load <= 1.05
+    c = cp.plan(4096, 8, 8, 64, P, mask=masks.causal(), layout="contiguous")
+    assert c["ring"].load == pytest.approx((2 * P - 1) / P, rel=1e-3)
+
+
+def test_flops_of_a_full_square():
+    p = cp.plan(1024, 4, 4, 64, 4, layout="contiguous", dtype="fp32")
+    assert sum(p["ring"].flops_fwd) == 4 * 4 * 1024 * 1024 * 64  # 4·H·L·S·D
+
+
+def test_sliding_window_ring_runs_one_hop_and_allgather_moves_halos():
+    W, L, P = 64, 4096, 4
+    p = cp.plan(L, 1, 1, 32, P, mask=masks.sliding_window(W), layout="contiguous",
+                dtype=torch.float64)
+    row = 1 * 1 * (32 + 32) * 8
+    assert p["ring"].fwd_sent == [1024 * row] * P  # one hop, not P - 1
+    assert p["allgather"].fwd_recv == [0] + [(W - 1) * row] * (P - 1)
+    assert p.choice == "allgather"
+
+
+def test_documents_within_shards_need_no_transfer():
+    ids = torch.arange(64) // 16  # 4 documents, one per contiguous shard
+    p = cp.plan(64, 4, 4, 32, 4, mask=masks.document(ids), layout="contiguous")
+    assert p["allgather"].fwd_sent == [0] * 4 and p["ring"].fwd_sent == [0] * 4
+    ids = torch.tensor([0] * 20 + [1] * 44)  # document 0 crosses into rank 1's shard
+    g = Geometry(64, 64, 4, "contiguous", masks.document(ids))
+    assert g.counts[1][0] == 16 and g.counts[0][1] == 4 and g.counts[2][0] == 0
+
+
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("L, P", [(29, 3), (37, 4), (3, 4), (100, 8)])
+def test_transfer_sets_are_consistent_and_conservative(layout, L, P):
+    for m in (None, masks.causal(), masks.sliding_window(5),
+              masks.document(torch.arange(L) // 7) & masks.causal(),
+              masks.padding(key_lengths=[L // 2, L - 1])):
+        g = Geometry(L, L, P, layout, m)
+        dense = None if m is None else m.to_dense(L, L).flatten(0, 1).any(0)
+        for r in range(P):
+            for s in range(P):
+                rows = g.rows_needed(r, s)
+                assert g.counts[r][s] == len(rows)
+                if r == s or not g.q.size(r):
+                    continue
+                need = torch.ones(g.k.size(s), dtype=torch.bool) if dense is None else \
+                    dense[g.q.positions(r)][:, g.k.positions(s)].any(0)
+                got = torch.zeros_like(need)
+                got[rows] = True
+                assert not (need & ~got).any(), (m, r, s)
+
+
+def test_ulysses_needs_divisible_heads():
+    p = cp.plan(1024, 6, 3, 64, 4)
+    assert not p["ulysses"].feasible and "H = 6" in p["ulysses"].why_not
+    assert p.choice in ("ring", "allgather")
+
+
+def test_explain_names_the_pick_and_the_others():
+    ch = cp.explain(4096, 8, 8, 64, 4, mask=masks.sliding_window(64), layout="contiguous")
+    assert ch.strategy == "allgather"
+    assert "ring" in ch.reason and "ulysses" in ch.reason and "MiB" in ch.reason
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(dtype="int8"), "dtype"), (dict(link_gbps=0), "link_gbps"), (dict(layout="x"), "layout"),
+])
+def test_plan_rejects_bad_arguments(kw, msg):
+    with pytest.raises(AttnlabError, match=msg):
+        cp.plan(64, 4, 4, 32, 2, **kw)
+    with pytest.raises(AttnlabError, match="Hkv"):
+        cp.plan(64, 4, 3, 32, 2)
+
+
+def test_cli_plan_cp_table(capsys):
+    assert main(["plan-cp", "--L", "65536", "--heads", "32", "--kv-heads", "8", "--head-dim",
+                 "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | ring |" in out and "| 16 | allgather |" in out and "**auto**" in out
+    assert "needs query heads H = 32 and key/value heads Hkv = 8 divisible by world = 16" in out
+
+
+def test_cli_plan_cp_json_matches_plan(capsys):
+    assert main(["plan-cp", "--L", "4096", "--heads", "8", "--world", "4", "--mask",
+                 "document:3", "--dtype", "fp32", "--json"]) == 0
+    import json
+
+    (got,) = json.loads(capsys.readouterr().out)
+    ids = torch.arange(4096) * 3 // 4096
+    want = cp.plan(4096, 8, 8, 128, 4, mask=masks.document(ids), is_causal=True,
+                   dtype="fp32")
+    assert got["choice"] == want.choice
+    assert got["strategies"]["ring"]["fwd_sent"] == want["ring"].fwd_sent
+
+
+def test_cli_plan_cp_bad_mask(capsys):
+    assert main(["plan-cp", "--L", "64", "--heads", "4", "--mask", "sliding:x"]) == 2
+    assert "--mask" in capsys.readouterr().err
