@@ -165,23 +165,33 @@ def test_dropout_with_lse(backend):
 def test_select_backend_explains_its_choice():
     q, k, v = qkv(1, 2, 2, 8, 8, 4)
     choice = attnlab.select_backend(q, k, v, is_causal=True)
-    assert choice.backend in attnlab.BACKENDS and choice.reason
+    assert choice.backend == "sdpa" and "causal" in choice.reason
+    choice = attnlab.select_backend(q, k, v, softcap=5.0)
+    assert choice.backend == "tiled" and "softcap" in choice.reason
     assert attnlab.select_backend(q, k[..., :0, :], v[..., :0, :]).backend == "math"
 
 
-@pytest.mark.parametrize("backend", ["auto", "sdpa", "math", "tiled"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math", "tiled", "reference"])
 def test_per_head_mask_with_gqa_and_poisoned_keys(backend):
+    # 4 query heads in 2 KV groups: (0, 1) share k/v head 0, (2, 3) share k/v head 1
     q, k, v = qkv(1, 4, 2, 3, 5, 8)
-    k[..., 0, :] = float("nan")  # masked for every head: must not leak
+    m = torch.ones(1, 4, 3, 5, dtype=torch.bool)
+    m[..., 0] = False  # key 0 is dead for every head: poison there must not leak
+    m[:, 0, :, 2] = False  # key 2 is dead for head 0 but alive for head 1 of the same group
+    m[:, 3, :, 4] = False  # key 4 is dead for head 3 but alive for head 2
+    m[:, 1, 1, 3] = False  # and some per-row holes
+    k[..., 0, :] = float("nan")
     v[..., 0, :] = float("nan")
-    m = torch.rand(1, 4, 3, 5, generator=torch.Generator().manual_seed(0)) > 0.3
-    m[..., 0] = False
-    m[..., 1] = True
     out = attnlab.attention(q, k, v, attn_mask=m, enable_gqa=True, backend=backend)
     k0, v0 = k.clone(), v.clone()
     k0[..., 0, :] = 0
     v0[..., 0, :] = 0
-    assert_close(out, oracle(q, k0, v0, allowed=m)[0], atol=1e-5)
+    ref = oracle(q, k0, v0, allowed=m)[0]
+    # head 1 borrows from key 2 and head 2 from key 4: zeroing those keys changes them
+    k2 = k0.clone()
+    k2[:, 0, 2], k2[:, 1, 4] = 0, 0
+    assert (oracle(q, k2, v0, allowed=m)[0] - ref)[:, [1, 2]].abs().max() > 0.05
+    assert_close(out, ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "math", "tiled", "reference"])

@@ -172,3 +172,22 @@ def test_fused_merges_several_chunks_per_row_block(dtype):
     p = make_problem(q, k, v, None, 0.0, True, None, True, mask=None)
     assert max(len(c) for _, _, c in make_plan(p, fused=True).rows) >= 2
     check(q, k, v, True, is_causal=True)
+
+
+def test_padded_query_rows_across_several_chunks():
+    # B·H = 64 heads cap a masked chunk's width below L, so every row block walks several chunks;
+    # the last 3 query rows are padding: -inf from every chunk must merge to -inf, not NaN
+    from attnlab.ops.tiled_plan import make_plan
+
+    L = 700
+    q, k, v = qkv(4, 16, 16, L, L, 8, seed=70)
+    mask = masks.padding(query_lengths=[L - 3] * 4)
+    p = make_problem(q, k, v, None, 0.0, False, None, False, mask=mask)
+    last = make_plan(p, fused=True).rows[-1]
+    assert last[1] == L and len(last[2]) >= 2, "the padded rows must meet several chunks"
+    out, lse = attnlab.attention(q, k, v, mask=mask, return_lse=True, backend="tiled")
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert bool((out[:, :, -3:] == 0).all()) and bool((lse[:, :, -3:] == float("-inf")).all())
+    want, want_lse = attnlab.attention(q, k, v, return_lse=True, backend="math")
+    assert_close(out[:, :, :-3], want[:, :, :-3], atol=1e-5, what="real rows")
+    assert_close(lse[:, :, :-3], want_lse[:, :, :-3], atol=1e-5, what="real rows' lse")

@@ -28,8 +28,28 @@ def test_choices():
     assert choice(600, softcap=30.0).backend == "tiled"
     assert choice(600, alibi_slopes=torch.tensor([0.5, 0.25])).backend == "tiled"
     assert choice(0, 5).backend == "math"
-    c = choice(2048, mask=masks.causal("bottom_right"))
-    assert c.backend in attnlab.BACKENDS and c.reason
+    c = choice(2048, mask=masks.causal("bottom_right"))  # square: the top-left causal kernel
+    assert c.backend == "sdpa" and "causal" in c.reason
+    c = choice(1024, 2048, mask=masks.causal("bottom_right"))
+    assert c.backend == "sdpa" and "%" in c.reason  # most tiles kept: dense mask
+
+
+@pytest.mark.parametrize("name, L, S, kw", [
+    ("sdpa", 64, 64, {"mask": masks.sliding_window(8)}),
+    ("tiled", 600, 600, {"softcap": 30.0}),
+    ("tiled", 2048, 2048, {"mask": masks.sliding_window(64)}),
+])
+def test_auto_runs_the_backend_select_backend_names(monkeypatch, name, L, S, kw):
+    from attnlab.ops import dispatch
+
+    q, k, v = qkv(1, 2, 2, L, S, 8)
+    assert attnlab.select_backend(q, k, v, **kw).backend == name
+    ran = []
+    for b, runner in list(dispatch.RUNNERS.items()):
+        monkeypatch.setitem(dispatch.RUNNERS, b,
+                            lambda p, lse, b=b, runner=runner: ran.append(b) or runner(p, lse))
+    attnlab.attention(q, k, v, **kw)
+    assert ran == [name]
 
 
 def test_float_mask_needing_grad_goes_to_math():
