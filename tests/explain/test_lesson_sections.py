@@ -87,3 +87,21 @@ def test_cli_full_lesson(capsys):
     for n in range(1, 8):
         assert f"\n{n}. " in "\n" + out
     assert "head who?" in out and "Q: What is multi-head attention?" in out
+
+
+def test_the_lessons_numbers():
+    """The numbers the lessons (and the README) state, from the computation."""
+    s = by_name()
+    assert s["divide"]["scores"] == [5.0, -2.0, 1.0] and s["divide"]["total"] == 4.0
+    assert s["divide"]["divided"] == [1.25, -0.5, 0.25] and s["divide"]["has_negative"]
+    np.testing.assert_allclose(s["divide"]["softmax"], softmax([5, -2, 1]), atol=1e-12)
+    assert round(s["softmax"]["weights"][0], 3) == 0.936
+    assert round(s["softmax"]["scaled_weights"][0], 3) == 0.848
+    b = s["borrow"]
+    assert [round(x, 3) for x in b["context"]] == [0.873, 0.127]
+    np.testing.assert_allclose(b["context"], sum(np.array(r["contribution"]) for r in b["shares"]),
+                               atol=1e-12)
+    np.testing.assert_allclose([r["weight"] for r in b["shares"]],
+                               s["softmax"]["scaled_weights"], atol=1e-12)
+    tops = {h["top_token"]: round(h["top_weight"], 3) for h in s["heads"]["heads"]}
+    assert tops == {"cat": 0.984, "mat": 0.951}
