@@ -140,6 +140,9 @@ def test_random_vectors_agree_with_trace(page):
                            "values": rng.normal(size=(S, Dv)).tolist(), "scaled": scaled})
             assert len(g["tokens"]) == S and g["scaled"] is scaled
             check_main(g)
+    for q, k in (([0.0, 0.0], [[0.0, 0.0], [1.0, -1.0]]),  # a zero query: equal weights
+                 ([1000.0, -1000.0], [[1000.0, 1000.0], [-1000.0, 999.5]])):  # huge scores
+        check_main(put(page, {"query": q, "keys": k, "values": [[1.0, 2.0], [3.0, 4.0]]}))
     for L, D in [(1, 1), (4, 3), (8, 6)]:
         for masked in (True, False):
             q, k, v = rng.normal(size=(3, L, D)) * 2
@@ -173,6 +176,23 @@ def test_random_vectors_agree_with_trace(page):
         close(r["scores"], raw.scores[0])
         close(r["weights_raw"], raw.weights[0])
         close(r["weights_scaled"], scaled.weights[0])
+
+
+def test_a_touch_moves_the_query(browser, page_url):
+    ctx = browser.new_context(has_touch=True, viewport={"width": 800, "height": 900})
+    try:
+        page = ctx.new_page()
+        page.goto(page_url)
+        page.wait_for_selector("body[data-ready]", state="attached")
+        box = page.locator("#compare-plane").bounding_box()
+        unit = box["width"] * (400 - 40) / 10 / 400  # the plane shows -5 ... 5 in 400 px
+        cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.touchscreen.tap(cx - 2 * unit, cy - 3 * unit)
+        g = get(page)
+        assert g["query"] == [-2, 3]
+        check_main(g)
+    finally:
+        ctx.close()
 
 
 def test_the_scale_section_shows_the_effect(page):

@@ -298,8 +298,8 @@
     add(svg, lines, ticks);
     if (xLabel) svg.appendChild(sv("text", { x: s - 20, y: oy + 26, "font-size": 12,
                                              fill: "#555", "text-anchor": "end" }, xLabel + " \u2192"));
-    if (yLabel) svg.appendChild(sv("text", { x: ox - 8, y: 16, "font-size": 12, fill: "#555",
-                                             "text-anchor": "end" }, "\u2191 " + yLabel));
+    if (yLabel) svg.appendChild(sv("text", { x: ox + 8, y: 14, "font-size": 12, fill: "#555" },
+                                   "\u2191 " + yLabel));
     this.placed = [];
     return svg;
   };
