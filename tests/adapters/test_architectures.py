@@ -148,6 +148,7 @@ ARCHS = [
     Arch("t5", _t5, "right", seq2seq=True),
 ]
 
+BY_NAME = {a.name: a for a in ARCHS}
 _MODELS: dict[str, torch.nn.Module] = {}
 
 
@@ -314,7 +315,7 @@ def test_weights_beyond_one_block_of_rows_equal_eager(padded):
 
 
 def test_weights_are_computed_only_while_transformers_collects_them(monkeypatch):
-    model = model_for(ARCHS[2])  # GPT-2: output_attentions never reaches its attention calls
+    model = model_for(BY_NAME["gpt2"])  # GPT-2: output_attentions never reaches its attention calls
     ids, mask = padded_batch("left")
     calls = []
     exact = hf.exact_weights
@@ -326,3 +327,35 @@ def test_weights_are_computed_only_while_transformers_collects_them(monkeypatch)
     out = run(model, "attnlab", lambda: model(input_ids=ids, attention_mask=mask,
                                               output_attentions=True))
     assert len(out.attentions) == 2 and len(calls) == 2
+
+
+def _gpt2_cross():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, initializer_range=INIT,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, add_cross_attention=True))
+
+
+@pytest.mark.parametrize("arch", [Arch("gpt2-cross", _gpt2_cross, "none"), BY_NAME["t5"]],
+                         ids=["gpt2-cross", "t5"])
+def test_without_any_mask_causality_comes_from_each_module(arch):
+    """No padding: transformers passes no mask at all, and each attention module says whether it
+    is causal (GPT-2's and T5's decoder self-attention) or not (their cross-attention, T5's
+    encoder)."""
+    model = model_for(arch)
+    ids = torch.randint(3, VOCAB, (2, L), generator=torch.Generator().manual_seed(5))
+    inputs = dict(input_ids=ids, output_attentions=True)
+    if arch.seq2seq:
+        inputs["decoder_input_ids"] = ids[:, :6]
+    else:
+        inputs["encoder_hidden_states"] = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(6))
+    want = run(model, "eager", lambda: model(**inputs))
+    got = run(model, "attnlab", lambda: model(**inputs))
+    want_att, got_att = attention_outputs(want), attention_outputs(got)
+    assert "cross_attentions" in want_att and want_att.keys() == got_att.keys()
+    for kind, want_layers in want_att.items():
+        assert len(got_att[kind]) == len(want_layers) == 2, kind
+        for layer, (g, w) in enumerate(zip(got_att[kind], want_layers)):
+            check_close(g, w, f"{arch.name} {kind}[{layer}]")
+    check_close(got.logits, want.logits, f"{arch.name} logits")
