@@ -27,7 +27,8 @@ def add_parser(sub):
 
 def run(args) -> int:
     from attnlab.errors import AttnlabError
-    from attnlab.models import PRESETS, Trainer, is_checkpoint
+    from attnlab.models import PRESETS, Trainer
+    from attnlab.models.checkpoint import META_FILE, check_writable
 
     if args.preset not in PRESETS:
         raise AttnlabError(f"--preset: unknown {args.preset!r}; expected one of {sorted(PRESETS)}")
@@ -41,16 +42,19 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     out = Path(args.out or Path("runs") / args.preset)
+    # attnlab.json alone decides: a damaged checkpoint is reported by the loader, not overwritten
     if args.resume:
-        if not is_checkpoint(out):
+        if not (out / META_FILE).is_file():
             raise AttnlabError(f"--resume: no checkpoint in {str(out)!r} to resume")
         if args.seed is not None:
             raise AttnlabError("--seed: a resumed run keeps the seed it started with")
+        check_writable(out, "--out")
         trainer = Trainer.resume(out, progress=not args.quiet, max_steps=args.max_steps)
     else:
-        if is_checkpoint(out):
+        if (out / META_FILE).exists():
             raise AttnlabError(f"--out: {str(out)!r} already holds a checkpoint; pass --resume to "
                                "continue it or choose another --out")
+        check_writable(out, "--out")
         overrides = {k: v for k, v in (("max_steps", args.max_steps), ("seed", args.seed))
                      if v is not None}
         trainer = Trainer.start(args.preset, out=out, progress=not args.quiet, **overrides)

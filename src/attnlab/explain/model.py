@@ -86,6 +86,7 @@ def load_model(path: str | os.PathLike | None = None) -> LoadedModel:
     if p.is_dir():
         return _load(str(p.resolve()), p.resolve().name)
     if p.exists():
+        _refuse_pickle(text, p)
         raise AttnlabError(f"--model {text}: is a file; pass the model's directory (with "
                            "config.json and the weights)")
     if _HUB_NAME.match(text) and not text.startswith("."):
@@ -98,8 +99,10 @@ def _load(where: str, name: str) -> LoadedModel:
     p = Path(where)
     if p.is_dir():
         ckpt = _checkpoint_module()
-        if ckpt is not None and ckpt.is_checkpoint(p):
+        # attnlab.json alone routes here, so a damaged checkpoint gets the loader's own message
+        if ckpt is not None and (p / "attnlab.json").is_file():
             return _load_checkpoint(ckpt, p, name)
+        _refuse_pickle(where, p)
         if not (p / "config.json").is_file():
             raise AttnlabError(f"--model {where}: not a model directory (no config.json, and not "
                                "a checkpoint attnlab trained)")
@@ -124,6 +127,15 @@ def _load_checkpoint(ckpt, path: Path, name: str) -> LoadedModel:
             break
     return LoadedModel(name=name, path=str(path), kind="attnlab", model=model,
                        tokenizer=tokenizer, max_length=limit)
+
+
+def _refuse_pickle(where: str, p: Path) -> None:
+    """Pickled weights (pytorch_model.bin) are refused by name, never unpickled."""
+    from attnlab.models.checkpoint_checks import pickle_refusal
+
+    refusal = pickle_refusal(p)
+    if refusal:
+        raise AttnlabError(f"--model {where}: {refusal}")
 
 
 def _load_hf(where: str, name: str, is_dir: bool) -> LoadedModel:
@@ -151,7 +163,8 @@ def _load_hf(where: str, name: str, is_dir: bool) -> LoadedModel:
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
         model = transformers.AutoModel.from_pretrained(where, local_files_only=True,
-                                                       attn_implementation=hf.NAME)
+                                                       attn_implementation=hf.NAME,
+                                                       use_safetensors=True)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise AttnlabError(f"--model {where}: could not load the model ({_first_line(e)})") \
             from None

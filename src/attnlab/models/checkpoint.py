@@ -3,28 +3,53 @@
     DIR/model-STEP-ID.safetensors    model weights (metadata: the step they belong to)
     DIR/trainer-STEP-ID.safetensors  AdamW moments and the torch RNG state, for resuming
     DIR/attnlab.json                 {"format", "version", "files": {"model", "trainer"},
+                                      "sha256": {"model", "trainer"},
                                       "model": GPTConfig, "tokenizer": spec,
                                       "train": TrainConfig, "state": {"step", "history", ...}}
 
-A save writes the tensors to new file names, then replaces attnlab.json atomically (temp file,
-fsync, os.replace) — the one commit point — and only then removes the files the old attnlab.json
-named. A crash at any moment leaves the previous checkpoint or the new one, both complete; a step
-mismatch between the files is reported instead of loaded.
+A save refuses weights or optimizer state holding NaN/Inf, writes the tensors to new file names,
+then replaces attnlab.json atomically (temp file, fsync, os.replace) — the one commit point — and
+only then removes the files the old attnlab.json named and any temp files a killed save left. A
+crash at any moment leaves the previous checkpoint or the new one, both complete.
+
+A load trusts nothing in the directory (see `checkpoint_checks`): file names must be plain names
+inside it, each tensor file must match its recorded SHA-256, parse, hold finite values of the
+shapes the config needs, and carry the step attnlab.json names. Checkpoints of format version 1
+(written before hashes were recorded) load without the hash check; the next save records them.
+Caution: one process saves to a directory at a time; a second one would delete the first's files.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from attnlab.errors import AttnlabError
+from attnlab.models.checkpoint_checks import (
+    FORMAT,
+    KINDS,
+    META_FILE,
+    VERSION,
+    check_finite,
+    check_weights_fit,
+    checked_config,
+    parse_doc,
+    pickle_refusal,
+    read_tensor_file,
+    sha256,
+)
 from attnlab.models.config import GPTConfig
 from attnlab.models.tokenizer import tokenizer_from_spec
 
-META_FILE = "attnlab.json"
-FORMAT, VERSION = "attnlab-gpt", 1
+#: temp files of atomic_write (".NAME.PID.tmp") and check_writable, left behind by a killed save
+_STALE_TMP = re.compile(r"^\.(attnlab\.json|(model|trainer)-[\w.-]*\.safetensors)\.\d+\.tmp$"
+                        r"|^\.attnlab-probe-[\w-]+\.tmp$")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -52,6 +77,22 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def check_writable(path, what: str = "out") -> Path:
+    """Create directory `path` if needed and create and remove a file in it, so that a place
+    checkpoints cannot be written to fails before training starts, not at the first save.
+    (Permission bits alone would not tell: root writes through them, a read-only mount does not.)"""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".attnlab-probe-", suffix=".tmp", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise AttnlabError(f"{what}: cannot write checkpoints to {str(path)!r} "
+                           f"({e.strerror or e})") from None
+    return path
+
+
 def _safetensors():
     try:
         from safetensors import torch as st
@@ -67,48 +108,57 @@ def _tensor_file(kind: str, step) -> str:
 
 def save_checkpoint(path, model, tokenizer, *, train_config=None, state=None,
                     trainer_tensors: dict | None = None) -> Path:
-    """Write `model` (a GPT), its tokenizer and optional training state to directory `path`."""
+    """Write `model` (a GPT), its tokenizer and optional training state to directory `path`.
+
+    Raises AttnlabError, writing nothing, when a weight or optimizer tensor holds NaN or Inf: a
+    diverged run never replaces a good checkpoint."""
     st = _safetensors()
     path = Path(path)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors = {"model": weights, "trainer": trainer_tensors}
+    for kind, ts in tensors.items():
+        if ts is not None:
+            check_finite(ts, f"checkpoint: refusing to save to {path}: {kind} tensor",
+                         "the previous checkpoint is kept")
     path.mkdir(parents=True, exist_ok=True)
     state = dict(state or {"step": 0, "history": []})
     step = state.get("step", 0)
     meta = {"step": str(step)}
-    files = {"model": _tensor_file("model", step), "trainer": None}
-    if trainer_tensors is not None:
-        files["trainer"] = _tensor_file("trainer", step)
-        atomic_write(path / files["trainer"], st.save(trainer_tensors, metadata=meta))
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(path / files["model"], st.save(weights, metadata=meta))
-    doc = {"format": FORMAT, "version": VERSION, "files": files,
+    files, hashes = dict.fromkeys(KINDS), dict.fromkeys(KINDS)
+    for kind in ("trainer", "model"):
+        if tensors[kind] is not None:
+            data = st.save(tensors[kind], metadata=meta)
+            files[kind], hashes[kind] = _tensor_file(kind, step), sha256(data)
+            atomic_write(path / files[kind], data)
+    doc = {"format": FORMAT, "version": VERSION, "files": files, "sha256": hashes,
            "model": model.config.to_dict(), "tokenizer": tokenizer.spec(),
            "train": None if train_config is None else train_config.to_dict(), "state": state}
     atomic_write(path / META_FILE, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
-    _remove_unreferenced(path, keep={f for f in files.values() if f})
+    _remove_leftovers(path, keep={f for f in files.values() if f})
     return path
 
 
-def _remove_unreferenced(path: Path, keep: set[str]) -> None:
-    for old in [*path.glob("model-*.safetensors"), *path.glob("trainer-*.safetensors")]:
-        if old.name not in keep:
+def _remove_leftovers(path: Path, keep: set[str]) -> None:
+    """Tensor files attnlab.json no longer names, and temp files of killed saves."""
+    for old in path.iterdir():
+        name = old.name
+        stale = (name.startswith(("model-", "trainer-")) and name.endswith(".safetensors")
+                 and name not in keep) or _STALE_TMP.match(name)
+        if stale and not old.is_dir():
             old.unlink(missing_ok=True)
 
 
-def _read_doc(p: Path) -> dict | None:
-    try:
-        doc = json.loads((p / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
-
-
 def is_checkpoint(path) -> bool:
-    """True when `path` is a directory holding an attnlab GPT checkpoint."""
-    try:
-        doc = _read_doc(Path(path))
-        return doc is not None and (Path(path) / doc["files"]["model"]).is_file()
-    except (KeyError, TypeError):
+    """True when `path` is a directory holding an attnlab.json of an attnlab GPT checkpoint that
+    passes its checks and names a model file that exists (the tensors are checked on load)."""
+    p = Path(path)
+    if not (p / META_FILE).is_file():
         return False
+    try:
+        doc = parse_doc(p)
+    except AttnlabError:
+        return False
+    return (p / doc["files"]["model"]).is_file()
 
 
 @dataclass
@@ -124,44 +174,59 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.doc["state"]["step"])
 
+    def file(self, kind: str) -> Path:
+        """The tensor file of `kind` ("model" or "trainer"), for messages."""
+        return self.path / self.doc["files"][kind]
+
 
 def read_checkpoint(path, *, with_trainer: bool = False) -> Checkpoint:
+    """The checked document and tensors of checkpoint directory `path`; AttnlabError naming the
+    file and the fault for anything that does not check out."""
     st = _safetensors()
     p = Path(path)
-    if not is_checkpoint(p):
+    if not (p / META_FILE).is_file():
+        refusal = pickle_refusal(p)
+        if refusal:
+            raise AttnlabError(f"checkpoint: {p}: {refusal}")
         raise AttnlabError(f"checkpoint: no attnlab checkpoint at {str(path)!r} (expected a "
                            f"directory with {META_FILE} and the weights it names)")
-    doc = _read_doc(p)
-    if doc.get("version") != VERSION:
-        raise AttnlabError(f"checkpoint: {p} has format version {doc.get('version')!r}; this "
-                           f"attnlab reads version {VERSION}")
-    step = str(doc["state"]["step"])
-    kinds = ["model"] + (["trainer"] if with_trainer else [])
+    doc = parse_doc(p)
     tensors = {}
-    for kind in kinds:
+    for kind in ["model"] + (["trainer"] if with_trainer else []):
         name = doc["files"].get(kind)
-        if not name or not (p / name).is_file():
+        if not name:
             raise AttnlabError(f"checkpoint: {p} has no {kind} state; it cannot be resumed")
-        with st.safe_open(p / name, framework="pt") as f:
-            got = (f.metadata() or {}).get("step")
-            if got != step:
-                raise AttnlabError(f"checkpoint: {p / name} is from step {got} but {META_FILE} "
-                                   f"says step {step}; the checkpoint is incomplete")
-            tensors[kind] = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        if not (p / name).is_file():
+            raise AttnlabError(f"checkpoint: {p / name}, named in {META_FILE}, is missing")
+        want = doc["sha256"][kind] if doc["version"] >= 2 else None
+        tensors[kind] = read_tensor_file(st, p / name, want, doc["state"]["step"])
     return Checkpoint(p, doc, tensors["model"], tensors.get("trainer"))
 
 
 def model_from_checkpoint(ck: Checkpoint):
     from attnlab.models.gpt import GPT
 
-    model = GPT(GPTConfig.from_dict(ck.doc["model"]))
-    missing, unexpected = model.load_state_dict(ck.weights, strict=False)
-    if missing or unexpected:
-        name = ck.path / ck.doc["files"]["model"]
-        raise AttnlabError(f"checkpoint: {name} does not fit the config "
-                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    config = checked_config(ck.path / META_FILE, "model", GPTConfig.from_dict, ck.doc["model"])
+    layers = {k.split(".")[1] for k in ck.weights if k.startswith("blocks.")}
+    if len(layers) != config.n_layer:  # before building: n_layer is a loop count
+        raise AttnlabError(f"checkpoint: {ck.file('model')} holds {len(layers)} layers but "
+                           f"{META_FILE} says n_layer {config.n_layer}")
+    with torch.device("meta"):  # shapes first: a config that lies about its size allocates nothing
+        expected = GPT(config).state_dict()
+    check_weights_fit(ck.file("model"), ck.weights, expected)
+    model = GPT(config)
+    model.load_state_dict(ck.weights)
     model.name_or_path = str(ck.path)
     return model
+
+
+def tokenizer_from_checkpoint(ck: Checkpoint, vocab_size: int):
+    meta = ck.path / META_FILE
+    tok = checked_config(meta, "tokenizer", tokenizer_from_spec, ck.doc["tokenizer"])
+    if tok.vocab_size > vocab_size:
+        raise AttnlabError(f"checkpoint: {meta}: the tokenizer has {tok.vocab_size} symbols but "
+                           f"the model's vocab_size is {vocab_size}")
+    return tok
 
 
 def load_checkpoint(path):
@@ -169,6 +234,6 @@ def load_checkpoint(path):
     carries its tokenizer as `model.tokenizer`."""
     ck = read_checkpoint(path)
     model = model_from_checkpoint(ck).eval()
-    tokenizer = tokenizer_from_spec(ck.doc["tokenizer"])
+    tokenizer = tokenizer_from_checkpoint(ck, model.config.vocab_size)
     model.tokenizer = tokenizer
     return model, tokenizer

@@ -53,6 +53,9 @@ class CharTokenizer:
 
     @classmethod
     def from_spec(cls, spec: dict) -> CharTokenizer:
+        if not isinstance(spec.get("chars"), str):
+            raise AttnlabError(f"tokenizer: 'chars' must be a string, got "
+                               f"{spec.get('chars')!r:.80}")
         return cls(spec["chars"])
 
     def __repr__(self):

@@ -4,6 +4,10 @@ a progress bar (loss, tokens/s), and atomic, resumable checkpoints.
 Resuming restores the weights, the AdamW moments, the torch RNG state (dropout) and the step;
 batches depend only on (seed, step) (see `batches`), so an interrupted-and-resumed run produces
 the same loss curve as an uninterrupted one.
+
+A run that diverges stops: a NaN/Inf training or validation loss, or a NaN/Inf gradient norm,
+raises AttnlabError before the optimizer step and before any save, so the last good checkpoint
+stays. An output directory that cannot be written is refused when the Trainer is made.
 """
 
 from __future__ import annotations
@@ -20,11 +24,20 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.models.batches import TokenData, batch
-from attnlab.models.checkpoint import model_from_checkpoint, read_checkpoint, save_checkpoint
+from attnlab.models.checkpoint import (
+    META_FILE,
+    check_writable,
+    model_from_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    tokenizer_from_checkpoint,
+)
+from attnlab.models.checkpoint_checks import checked_config
 from attnlab.models.config import GPTConfig, TrainConfig
 from attnlab.models.corpus import load_corpus
 from attnlab.models.gpt import GPT
-from attnlab.models.tokenizer import CharTokenizer, tokenizer_from_spec
+from attnlab.models.optimizer_state import load_trainer_tensors, trainer_tensors
+from attnlab.models.tokenizer import CharTokenizer
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -50,7 +63,7 @@ class Trainer:
     def __init__(self, model: GPT, tokenizer, data: TokenData, config: TrainConfig, *,
                  out=None, progress: bool = False):
         self.model, self.tokenizer, self.data, self.config = model, tokenizer, data, config
-        self.out = None if out is None else Path(out)
+        self.out = None if out is None else check_writable(out, "out")
         self.progress = progress
         self.optimizer = make_optimizer(model, config)
         self.step = 0
@@ -58,6 +71,7 @@ class Trainer:
         self.val_history: list[dict] = []  # per validation: {"step", "val_loss"}
         self.tokens_seen, self.elapsed_s = 0, 0.0
         self._stop_requested = False
+        self._saved_step: int | None = None  # step of the checkpoint in `out`, once there is one
 
     @classmethod
     def start(cls, preset: str = "tiny", *, out=None, progress: bool = False,
@@ -75,20 +89,22 @@ class Trainer:
     def resume(cls, out, *, progress: bool = False, max_steps: int | None = None) -> Trainer:
         """Continue the run checkpointed in `out`; `max_steps` moves its end and the schedule's."""
         ck = read_checkpoint(out, with_trainer=True)
+        meta = ck.path / META_FILE
         if ck.doc.get("train") is None:
             raise AttnlabError(f"resume: {out} holds a model without training state")
-        tcfg = TrainConfig.from_dict(ck.doc["train"])
+        tcfg = checked_config(meta, "train", TrainConfig.from_dict, ck.doc["train"])
         if max_steps is not None:
             tcfg = TrainConfig.from_dict({**tcfg.to_dict(), "max_steps": max_steps})
-        tok = tokenizer_from_spec(ck.doc["tokenizer"])
         model = model_from_checkpoint(ck)
+        tok = tokenizer_from_checkpoint(ck, model.config.vocab_size)
+        state = _resume_state(meta, ck.doc["state"])
         data = TokenData.split(tok.encode(load_corpus(tcfg.corpus)), tcfg.val_fraction,
                                model.config.block_size)
         self = cls(model, tok, data, tcfg, out=out, progress=progress)
-        self._load_trainer_tensors(ck.trainer_tensors)
-        state = ck.doc["state"]
+        load_trainer_tensors(self.optimizer, ck.trainer_tensors, ck.file("trainer"))
         self.step, self.history, self.val_history = state["step"], state["history"], state["val"]
         self.tokens_seen, self.elapsed_s = state["tokens_seen"], state["elapsed_s"]
+        self._saved_step = self.step
         return self
 
     # -- one step, one validation ------------------------------------------------------------
@@ -102,10 +118,17 @@ class Trainer:
         x, y = batch(self.data.train, cfg.batch_size, model.config.block_size, cfg.seed,
                      self.step)
         _, loss = model(x, y)
+        if not torch.isfinite(loss):
+            raise self._diverged(f"the training loss is {loss.item()}", self.step + 1, lr)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self._diverged(f"the gradient norm is {norm.item()}", self.step + 1, lr)
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grads_with_norm_(params, cfg.grad_clip, norm)
         self.optimizer.step()
         self.step += 1
         self.tokens_seen += x.numel()
@@ -131,7 +154,7 @@ class Trainer:
         end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
         bar = self._bar(end)
         rate = 0.0
-        with self._interrupts(handle_interrupt):
+        with self._interrupts(handle_interrupt), contextlib.closing(bar or _NoBar()):
             while self.step < end:
                 t0 = time.perf_counter()
                 loss = self.train_step()
@@ -140,7 +163,11 @@ class Trainer:
                 tps = cfg.batch_size * self.model.config.block_size / max(dt, 1e-9)
                 rate = tps if rate == 0 else 0.9 * rate + 0.1 * tps
                 if self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps:
-                    self.val_history.append({"step": self.step, "val_loss": self.evaluate()})
+                    val = self.evaluate()
+                    if not math.isfinite(val):
+                        raise self._diverged(f"the validation loss is {val}", self.step,
+                                             self.history[-1]["lr"])
+                    self.val_history.append({"step": self.step, "val_loss": val})
                     self.save()
                 if bar is not None:
                     bar.update(1)
@@ -148,8 +175,6 @@ class Trainer:
                 if self._stop_requested:
                     self.save()
                     raise KeyboardInterrupt
-        if bar is not None:
-            bar.close()
         if stop_after is not None:
             self.save()
         return self.history
@@ -161,8 +186,11 @@ class Trainer:
     def save(self) -> Path | None:
         if self.out is None:
             return None
-        return save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
-                               state=self.state(), trainer_tensors=self._trainer_tensors())
+        path = save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
+                               state=self.state(),
+                               trainer_tensors=trainer_tensors(self.optimizer))
+        self._saved_step = self.step
+        return path
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -197,20 +225,29 @@ class Trainer:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def _trainer_tensors(self) -> dict:
-        """AdamW moments by parameter index, and the torch RNG state (dropout masks)."""
-        tensors = {"rng.torch": torch.get_rng_state()}
-        for idx, s in self.optimizer.state_dict()["state"].items():
-            for k, v in s.items():
-                tensors[f"adamw.{idx}.{k}"] = torch.as_tensor(v).detach().clone()
-        return tensors
+    def _diverged(self, what: str, step: int, lr: float) -> AttnlabError:
+        if self.out is None:
+            kept = ""
+        elif self._saved_step is None:
+            kept = f"; nothing was saved to {self.out}"
+        else:
+            kept = f"; {self.out} keeps its checkpoint of step {self._saved_step}"
+        return AttnlabError(f"{what} at step {step} (lr {lr:.3g}): training diverged and was "
+                            f"stopped without saving{kept}; lower the learning rate (lr) or raise "
+                            "warmup_steps")
 
-    def _load_trainer_tensors(self, tensors: dict) -> None:
-        sd = self.optimizer.state_dict()
-        state: dict[int, dict] = {}
-        for name, v in tensors.items():
-            if name.startswith("adamw."):
-                _, idx, k = name.split(".", 2)
-                state.setdefault(int(idx), {})[k] = v
-        self.optimizer.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
-        torch.set_rng_state(tensors["rng.torch"])
+
+class _NoBar:
+    def close(self):
+        pass
+
+
+def _resume_state(meta: Path, state: dict) -> dict:
+    """The training state of attnlab.json, checked before a resumed run relies on it."""
+    kinds = {"history": list, "val": list, "tokens_seen": int, "elapsed_s": (int, float)}
+    for key, kind in kinds.items():
+        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+            raise AttnlabError(f"checkpoint: {meta}: 'state.{key}' is missing or not a "
+                               f"{'list' if kind is list else 'number'} (got "
+                               f"{state.get(key)!r:.80})")
+    return state
