@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.distributed import comm
-from attnlab.distributed.blocks import block_backward, block_forward, merge
+from attnlab.distributed.blocks import block_backward, merge
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.layouts import Piece
 from attnlab.masks import EMPTY
@@ -61,9 +61,14 @@ def start_state(c: Call, q: torch.Tensor, Dv: int):
 
 def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) -> None:
     """Merge the attention of every query piece over `k_pieces` of (k_buf, v_buf) into state."""
+    from attnlab.ops import attention
+
     for qi, qp, kp, allowed in c.pairs(k_pieces, q_acc.device):
-        o, l = block_forward(_rows(q_acc, qp), _rows(k_buf, kp).to(c.acc),
-                             _rows(v_buf, kp).to(c.acc), allowed, c.scale, c.softcap)
+        k, v = _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc)
+        # attnlab's own fused/tiled op on the block, in the accumulation dtype
+        o, l = attention(_rows(q_acc, qp), k, v, attn_mask=allowed, scale=c.scale,
+                         softcap=c.softcap, enable_gqa=k.shape[1] != q_acc.shape[1],
+                         return_lse=True)
         comm.log_pair(qp.length, kp.length)
         state[qi] = merge(*state[qi], o, l)
 

@@ -88,15 +88,15 @@ def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
         a = None if allowed is None else allowed[:, :, r]
         s, t = _scores(q[:, :, r], k, scale, softcap, a)
         lse_r = lse[:, :, r, None]
-        p = torch.exp(s - torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r))
+        p = s.sub_(torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r)).exp_()
         do = dout[:, :, r]
         # (B, Hkv, G·Lr, Dv) @ (B, Hkv, Dv, Sb) -> (B, H, Lr, Sb)
         dp = _ungrouped(_grouped(do, Hkv) @ v.transpose(-1, -2), H)
         delta = (do * out[:, :, r]).sum(-1, keepdim=True) - dlse[:, :, r, None]  # (B, H, Lr, 1)
-        ds = p * (dp - delta)  # d(capped, masked scores)
+        ds = dp.sub_(delta).mul_(p)  # d(capped, masked scores), in place of dp
         if t is not None:
-            ds = ds * (1 - t * t)
-        ds = ds * scale
+            ds.mul_(1 - t * t)
+        ds.mul_(scale)
         # (B, Hkv, G·Lr, Sb) @ (B, Hkv, Sb, D) -> (B, H, Lr, D)
         dqs.append(_ungrouped(_grouped(ds, Hkv) @ k, H))
         # (B, Hkv, Sb, G·Lr) @ (B, Hkv, G·Lr, D|Dv) -> (B, Hkv, Sb, D|Dv): summed over the group

@@ -1,0 +1,195 @@
+"""Context-parallel attention on P processes of this machine (gloo over loopback, one thread per
+rank) against single-process attnlab at the same L: forward + backward time, bytes moved, share
+of time waiting on communication, and peak memory per rank.
+
+    .venv/bin/python benchmarks/distributed.py                     # L=4096, P = 1 2, ~2 minutes
+    .venv/bin/python benchmarks/distributed.py --L 8192 --world 1 2 4 --mask sliding:512
+
+Each (P, strategy) runs in fresh processes, so the peak resident memory each rank adds while it
+runs one forward + backward (ru_maxrss after the inputs exist, minus before) is comparable with
+the single-process row. "wait %" is the time ranks spent blocked in communication calls (for the
+ring: what compute did not hide). "plan MiB" is `attnlab.distributed.plan`'s prediction for the
+same call; "sent MiB" what the counting wrapper logged.
+
+Caution: P ranks share this machine's cores; with P above the core count they time-slice, and
+the time column says nothing about a real cluster (`attnlab plan-cp` does that on paper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pickle
+import resource
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+
+@dataclass(frozen=True)
+class Config:
+    L: int
+    H: int
+    Hkv: int
+    D: int
+    dtype: str
+    mask: str
+    layout: str
+    repeats: int
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _inputs(cfg: Config):
+    g = torch.Generator().manual_seed(0)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}[cfg.dtype]
+    q = torch.randn(1, cfg.H, cfg.L, cfg.D, generator=g).to(dt)
+    k = torch.randn(1, cfg.Hkv, cfg.L, cfg.D, generator=g).to(dt)
+    v = torch.randn(1, cfg.Hkv, cfg.L, cfg.D, generator=g).to(dt)
+    return q, k, v
+
+
+def _timed(step, repeats: int):
+    base = _rss_mib()
+    t0 = time.perf_counter()
+    step()  # the first run also sets the peak
+    first = time.perf_counter() - t0
+    peak = _rss_mib() - base
+    times = [first]
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:] or times), peak
+
+
+def _rank_main(rank, world, port, out_dir, cfg: Config, strategy: str):
+    torch.set_num_threads(1)
+    from attnlab.cli.plan_cp import parse_mask
+
+    mask, is_causal = parse_mask(cfg.mask, cfg.L)
+    q, k, v = _inputs(cfg)
+    if strategy == "single":
+        import attnlab
+
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+
+        def step():
+            out = attnlab.attention(q, k, v, mask=mask, is_causal=is_causal,
+                                    enable_gqa=cfg.Hkv != cfg.H)
+            out.sum().backward()
+
+        ms, peak = _timed(step, cfg.repeats)
+        res = {"s": ms, "peak": peak, "sent": 0, "plan": 0, "wait": 0.0}
+    else:
+        import torch.distributed as dist
+
+        import attnlab.distributed as cp
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=600))
+        ql, kl, vl = (cp.shard(x, cfg.layout).requires_grad_() for x in (q, k, v))
+        del q, k, v
+        logs = []
+
+        def step():
+            with cp.record() as log:
+                out = cp.context_parallel_attention(
+                    ql, kl, vl, layout=cfg.layout, strategy=strategy, mask=mask,
+                    is_causal=is_causal, enable_gqa=cfg.Hkv != cfg.H)
+                out.sum().backward()
+            logs.append(log)
+
+        s, peak = _timed(step, cfg.repeats)
+        log = logs[-1]
+        est = cp.plan(cfg.L, cfg.H, cfg.Hkv, cfg.D, world, mask=mask, is_causal=is_causal,
+                      layout=cfg.layout, dtype=ql.dtype)[strategy]
+        sent = log.total("forward") + log.total("backward")
+        wait = log.seconds("forward") + log.seconds("backward")
+        res = {"s": s, "peak": peak, "sent": sent, "wait": wait / max(s, 1e-9),
+               "plan": est.fwd_sent[rank] + est.bwd_sent[rank]}
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(res, f)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cfg: Config, world: int, strategy: str, timeout_s: float = 1800) -> list[dict]:
+    with tempfile.TemporaryDirectory() as d:
+        ctx = mp.start_processes(_rank_main, args=(world, _free_port(), d, cfg, strategy),
+                                 nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{strategy} on {world} ranks took over {timeout_s} s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        out = []
+        for r in range(world):
+            with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
+                out.append(pickle.load(f))
+        return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--L", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp64"])
+    ap.add_argument("--mask", default="causal", help="as `attnlab plan-cp --mask`")
+    ap.add_argument("--layout", default="zigzag")
+    ap.add_argument("--world", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--strategies", nargs="+", default=["ring", "allgather", "ulysses"])
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args(argv)
+    cfg = Config(a.L, a.heads, a.kv_heads or a.heads, a.head_dim, a.dtype, a.mask, a.layout,
+                 a.repeats)
+    print(f"# context-parallel attention, fwd+bwd: L={cfg.L}, B=1, H={cfg.H}, Hkv={cfg.Hkv}, "
+          f"D={cfg.D}, {cfg.dtype}, mask {cfg.mask}, layout {cfg.layout}; torch "
+          f"{torch.__version__}, {os.cpu_count()} CPUs, 1 thread per rank, gloo on loopback; "
+          f"median of {cfg.repeats}\n")
+    (single,) = run(cfg, 1, "single")
+    print("| P | strategy | ms | × single | sent MiB/rank | plan MiB/rank | wait % | "
+          "peak MiB/rank | peak / single |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| 1 | attnlab.attention | {single['s'] * 1e3:,.0f} | 1.00 | 0 | 0 | 0 | "
+          f"{single['peak']:,.0f} | 1.00 |")
+    mib = 2**20
+    for P in a.world:
+        for strategy in a.strategies:
+            try:
+                rows = run(cfg, P, strategy)
+            except Exception as e:
+                print(f"| {P} | {strategy} | — | — | — | — | — | — | {type(e).__name__} |")
+                continue
+            s = max(r["s"] for r in rows)
+            peak = max(r["peak"] for r in rows)
+            print(f"| {P} | {strategy} | {s * 1e3:,.0f} | {single['s'] / s:.2f} | "
+                  f"{max(r['sent'] for r in rows) / mib:,.2f} | "
+                  f"{max(r['plan'] for r in rows) / mib:,.2f} | "
+                  f"{100 * max(r['wait'] for r in rows):.0f} | {peak:,.0f} | "
+                  f"{peak / max(single['peak'], 1e-9):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
