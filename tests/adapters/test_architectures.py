@@ -349,7 +349,8 @@ def test_without_any_mask_causality_comes_from_each_module(arch):
     if arch.seq2seq:
         inputs["decoder_input_ids"] = ids[:, :6]
     else:
-        inputs["encoder_hidden_states"] = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(6))
+        g = torch.Generator().manual_seed(6)
+        inputs["encoder_hidden_states"] = torch.randn(2, 7, 32, generator=g)
     want = run(model, "eager", lambda: model(**inputs))
     got = run(model, "attnlab", lambda: model(**inputs))
     want_att, got_att = attention_outputs(want), attention_outputs(got)
