@@ -361,12 +361,22 @@
     var svg = P.start(compareR(), "1st number", "2nd number"), q = st.query;
     var sel = st.focus != null && st.focus < st.keys.length ? st.focus : argmax(row.scores);
     var k = st.keys[sel], qq = q[0] * q[0] + q[1] * q[1];
+    live.caption.textContent = q.length !== 2 ? "" : qq === 0
+      ? "The query is zero: it lines up with nothing, every score is 0."
+      : "Shaded: how far the key of " + quote(st.tokens[sel]) + " reaches along the query (its shadow, " +
+        fmt(row.scores[sel] / Math.sqrt(qq), 2) + " long). Score = |q| \u00d7 shadow = " +
+        fmt(Math.sqrt(qq), 2) + " \u00d7 " + fmt(row.scores[sel] / Math.sqrt(qq), 2) + " = " +
+        fmt(row.scores[sel], 2) + ". Pointing away makes the shadow, and the score, negative.";
     // the picture behind the number: |q| x (length of the key's shadow on the query's line)
     if (qq > 0) {
       var t = (k[0] * q[0] + k[1] * q[1]) / qq, foot = [t * q[0], t * q[1]];
       var a = P.px(k[0], k[1]), b = P.px(foot[0], foot[1]), o = P.px(0, 0);
-      svg.appendChild(sv("line", { x1: o[0], y1: o[1], x2: b[0], y2: b[1], stroke: color(sel),
-                                   "stroke-width": 9, "stroke-opacity": 0.22 }));
+      // the shadow, drawn a few pixels beside the query's line so the arrow does not hide it
+      var qn = Math.sqrt(qq), side = (k[0] * q[1] - k[1] * q[0]) >= 0 ? -1 : 1;  // away from the key
+      var off = [7 * side * q[1] / qn, 7 * side * q[0] / qn];  // px: screen y points down
+      svg.appendChild(sv("line", { x1: o[0] + off[0], y1: o[1] + off[1], x2: b[0] + off[0],
+                                   y2: b[1] + off[1], stroke: color(sel), "stroke-width": 6,
+                                   "stroke-opacity": 0.45, "class": "shadow" }));
       svg.appendChild(sv("line", { x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: color(sel),
                                    "stroke-dasharray": "4 3" }));
       var ang1 = Math.atan2(q[1], q[0]), ang2 = Math.atan2(k[1], k[0]), r = 26;
@@ -1062,6 +1072,8 @@
   }
 
   cmpPlane = new Plane($("compare-plane"), 400);
+  live.caption = h("p", { "class": "note caption", id: "compare-caption" });
+  $("compare-plane").parentNode.appendChild(live.caption);
   borrowPlane = new Plane($("borrow-plane"), 340);
   hookDrag();
   buildCheck();
