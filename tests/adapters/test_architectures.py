@@ -360,3 +360,37 @@ def test_without_any_mask_causality_comes_from_each_module(arch):
         for layer, (g, w) in enumerate(zip(got_att[kind], want_layers)):
             check_close(g, w, f"{arch.name} {kind}[{layer}]")
     check_close(got.logits, want.logits, f"{arch.name} logits")
+
+
+def weights_from_record(c) -> torch.Tensor:
+    """The weights an `AttentionCall` says it used, recomputed from what it recorded."""
+    s = c.query @ c.key.transpose(-1, -2) * c.scale  # (B, H, L, D) @ (B, H, D, S) -> (B, H, L, S)
+    if c.softcap is not None:
+        s = c.softcap * torch.tanh(s / c.softcap)
+    if c.bias is not None:
+        s = s + c.bias
+    w = torch.softmax(s.masked_fill(~c.allowed, float("-inf")), -1)
+    return torch.nan_to_num(w, nan=0.0)  # a row with nothing allowed: 0
+
+
+@pytest.mark.parametrize("name", ["gemma2-softcap", "t5", "mistral-sliding", "bert"])
+def test_recorded_calls_reproduce_their_weights(name):
+    """Softcap (Gemma 2) and position bias (T5) are part of the record, so q, k, scale, softcap,
+    bias and mask give back the weights the model used, layer by layer and head by head."""
+    from attnlab.adapters import recording
+
+    arch = BY_NAME[name]
+    model = model_for(arch)
+    ids, mask = padded_batch(arch.padding)
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if arch.seq2seq:
+        inputs["decoder_input_ids"] = ids[:, :6]
+    with recording.record() as calls:
+        run(model, "attnlab", lambda: model(**inputs))
+    assert len(calls) == (6 if arch.seq2seq else 2)  # T5: encoder self, decoder self and cross
+    for i, c in enumerate(calls):
+        check_close(weights_from_record(c), c.weights, f"{name} call {i} (layer {c.layer})")
+    softcaps = [c.softcap for c in calls]
+    assert softcaps == ([1.0, 1.0] if name == "gemma2-softcap" else [None] * len(calls))
+    biased = [c.bias is not None for c in calls]  # T5's cross-attention has no position bias
+    assert sum(biased) == (4 if name == "t5" else 0)

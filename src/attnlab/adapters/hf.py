@@ -135,8 +135,8 @@ def attnlab_attention_forward(
     out, lse = attention(query, key, value, return_lse=True, **args)
     weights = exact_weights(query, key, lse, **args)
     if recording.recording():
-        allowed, scale = _allowed_and_scale(query, key, value, **args)
-        _record(module, query, key, value, allowed, weights, scale, causal)
+        masks = _record_masks(query, key, value, **args)
+        _record(module, query, key, value, masks, weights, causal, args.get("softcap"))
     return out.transpose(1, 2).contiguous(), weights.to(query.dtype)
 
 
@@ -166,23 +166,34 @@ def exact_weights(query, key, lse, *, attn_mask, is_causal, scale, enable_gqa, d
     return w
 
 
-def _allowed_and_scale(query, key, value, *, attn_mask, is_causal, scale, enable_gqa,
-                       dropout_p=0.0, **extras):
-    """(bool mask broadcastable to (B, H, L, S), scale) for a recording."""
+def _record_masks(query, key, value, *, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0,
+                  **extras):
+    """(allowed bool, bias float or None, scale) for a recording, masks as (B, 1|H, L, S).
+
+    The bias is what the op added to the scores where a pair may attend (T5's position bias, the
+    finite part of a float mask), 0 elsewhere; None when nothing was added.
+    """
     p = make_problem(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=None,
                      **extras)
     allowed, bias = p.dense_masks()
     if bias is not None:  # transformers' float masks use the dtype's min, not -inf
         keep = bias > torch.finfo(bias.dtype).min / 2
         allowed = keep if allowed is None else allowed & keep
+        bias = torch.where(keep, bias, torch.zeros((), dtype=bias.dtype, device=bias.device))
+        bias = _batched(bias, query.shape[0]) if bias.any() else None
     if allowed is None:
         allowed = torch.ones(p.dims.L, p.dims.S, dtype=torch.bool, device=query.device)
-    while allowed.dim() < 4:
-        allowed = allowed[None]
-    return allowed.expand(query.shape[0], -1, -1, -1), p.scale  # (B, 1|H, L, S)
+    return _batched(allowed, query.shape[0]), bias, p.scale
 
 
-def _record(module, query, key, value, allowed, weights, scale, causal) -> None:
+def _batched(mask: torch.Tensor, batch: int) -> torch.Tensor:
+    while mask.dim() < 4:
+        mask = mask[None]
+    return mask.expand(batch, -1, -1, -1)  # (B, 1|H, L, S)
+
+
+def _record(module, query, key, value, masks, weights, causal, softcap) -> None:
+    allowed, bias, scale = masks
     groups = query.shape[-3] // key.shape[-3]
     k, v = key.detach().double().cpu(), value.detach().double().cpu()
     if groups > 1:
@@ -192,4 +203,5 @@ def _record(module, query, key, value, allowed, weights, scale, causal) -> None:
         layer=getattr(module, "layer_idx", None), query=query.detach().double().cpu(), key=k,
         value=v, allowed=allowed.detach().cpu(), weights=weights.detach().double().cpu(),
         scale=float(scale), causal=causal,
+        bias=None if bias is None else bias.detach().double().cpu(), softcap=softcap,
     ))

@@ -23,7 +23,11 @@ import torch
 class AttentionCall:
     """One attention call: per-head query (B, H, L, D), key (B, H, S, D), value (B, H, S, Dv)
     (k/v heads repeated for GQA, queries before scaling), allowed (B, 1|H, L, S) bool (True = may
-    attend), weights (B, H, L, S) the softmax weights the model used; all float64 on the CPU."""
+    attend), weights (B, H, L, S) the softmax weights the model used; all float64 on the CPU.
+
+    The record reproduces the weights: s = query @ keyᵀ · scale, then softcap · tanh(s / softcap)
+    when `softcap` is set (Gemma 2), then + `bias` (B, 1|H, L, S) when set (T5's position bias,
+    a float mask), and softmax over the allowed keys (a row with none: all 0)."""
 
     layer: int | None
     query: torch.Tensor
@@ -33,6 +37,8 @@ class AttentionCall:
     weights: torch.Tensor
     scale: float
     causal: bool
+    bias: torch.Tensor | None = None
+    softcap: float | None = None
 
 
 _ACTIVE: ContextVar[list[AttentionCall] | None] = ContextVar("attnlab_recording", default=None)
