@@ -115,6 +115,21 @@
       return Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform());
     };
   }
+  var spreads = {};  // "d/seed" -> the standard deviation of q.k over SPREAD_PAIRS random pairs
+  function spread(d, seed) {
+    var key = d + "/" + seed;
+    if (!(key in spreads)) {
+      var draw = normals(seed * 7919 + d * 104729 + 1), sum = 0, sq = 0;
+      for (var p = 0; p < SPREAD_PAIRS; p++) {
+        var x = dot(vec(d, draw), vec(d, draw));
+        sum += x;
+        sq += x * x;
+      }
+      var mean = sum / SPREAD_PAIRS;
+      spreads[key] = Math.sqrt(sq / SPREAD_PAIRS - mean * mean);
+    }
+    return spreads[key];
+  }
   function vec(n, draw) {
     var v = [];
     for (var i = 0; i < n; i++) v.push(draw());
@@ -132,16 +147,9 @@
     for (var j = 0; j < DIM_KEYS; j++) K.push(vec(d, draw));
     var raw = K.map(function (k) { return dot(q, k); });
     var scaled = raw.map(function (s) { return s / Math.sqrt(d); });
-    var sum = 0, sq = 0;
-    for (var p = 0; p < SPREAD_PAIRS; p++) {
-      var s = dot(vec(d, draw), vec(d, draw));
-      sum += s;
-      sq += s * s;
-    }
-    var mean = sum / SPREAD_PAIRS;
     return { d: d, seed: st.dims.seed, query: q, keys: K, scores: raw, scaled_scores: scaled,
              weights_raw: softmax(raw), weights_scaled: softmax(scaled),
-             spread: Math.sqrt(sq / SPREAD_PAIRS - mean * mean) };
+             spread: spread(d, st.dims.seed) };
   }
 
   // ---------------------------------------------------------------- formatting and elements
@@ -655,7 +663,9 @@
     live.strips = sv("svg", { id: "dims-strips", width: 620, height: 120 });
     live.spread = h("p", { id: "dims-spread" });
     live.topBars = h("div", { id: "dims-top" });
-    add(body, add(h("div", { "class": "figure" }), live.strips), live.spread, live.topBars);
+    live.chart = sv("svg", { id: "dims-chart", width: 300, height: 150 });
+    add(body, add(h("div", { "class": "cols" }), add(h("div", { "class": "figure" }), live.strips),
+                  add(h("div", { "class": "figure" }), live.chart)), live.spread, live.topBars);
   }
   function updateScale() {
     var raw = mainRow(false), sc = mainRow(true), D = st.query.length, tbl = clear(live.scaleTable);
@@ -691,6 +701,7 @@
       svg.appendChild(sv("text", { x: X(v), y: 112, "font-size": 11, fill: "#777",
                                    "text-anchor": "middle" }, fmt(v, 1)));
     });
+    drawChart(r);
     live.spread.textContent = "Spread of q\u00b7k over " + SPREAD_PAIRS + " random pairs: " +
       fmt(r.spread, 2) + " \u2248 \u221a" + r.d + " = " + fmt(Math.sqrt(r.d), 2) +
       ". Divided by \u221ad it stays about 1 (here " + fmt(r.spread / Math.sqrt(r.d), 2) + ").";
@@ -699,6 +710,34 @@
                         " keys:"));
     var tops = [Math.max.apply(null, r.weights_raw), Math.max.apply(null, r.weights_scaled)];
     bars(live.topBars, ["without \u00f7\u221ad", "with \u00f7\u221ad"], tops, { format: pct, cls: "top-w" });
+  }
+
+  // the measured spread of q.k for every d on the slider, against the curve sqrt(d)
+  function drawChart(r) {
+    var svg = clear(live.chart), W = 300, H = 150, x0 = 34, x1 = W - 10, y0 = H - 26, y1 = 22;
+    var top = 24, X = function (d) { return x0 + (x1 - x0) * (Math.log2(d) - 1) / 8; };
+    var Y = function (v) { return y0 - (y0 - y1) * Math.min(v, top) / top; };
+    svg.appendChild(sv("text", { x: x0, y: 13, "font-size": 12, fill: "#222" },
+                       "spread of q\u00b7k against d (line: \u221ad)"));
+    svg.appendChild(sv("line", { x1: x0, y1: y0, x2: x1, y2: y0, stroke: "#999" }));
+    svg.appendChild(sv("line", { x1: x0, y1: y0, x2: x0, y2: y1, stroke: "#999" }));
+    [2, 8, 32, 128, 512].forEach(function (d) {
+      svg.appendChild(sv("text", { x: X(d), y: y0 + 14, "font-size": 10, fill: "#777",
+                                   "text-anchor": "middle" }, String(d)));
+    });
+    [0, 10, 20].forEach(function (v) {
+      svg.appendChild(sv("text", { x: x0 - 4, y: Y(v) + 3, "font-size": 10, fill: "#777",
+                                   "text-anchor": "end" }, String(v)));
+    });
+    var pts = [];
+    for (var t = 1; t <= 9.001; t += 0.125) pts.push(X(Math.pow(2, t)) + "," + Y(Math.sqrt(Math.pow(2, t))));
+    svg.appendChild(sv("polyline", { points: pts.join(" "), fill: "none", stroke: "#999",
+                                     "stroke-dasharray": "4 3" }));
+    D_CHOICES.forEach(function (d) {
+      var here = d === r.d;
+      svg.appendChild(sv("circle", { cx: X(d), cy: Y(spread(d, r.seed)), r: here ? 6 : 3.5,
+                                     fill: here ? "#e6550d" : "#4a7ab7" }));
+    });
   }
 
   // ---------------------------------------------------------------- 4. borrow
