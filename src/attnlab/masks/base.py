@@ -64,6 +64,21 @@ class Mask:
     def check(self, L: int, S: int) -> None:
         """Raise AttnlabError if this mask cannot describe an L×S score matrix."""
 
+    # -- what kernels ask a mask about itself --------------------------------------------------
+    @property
+    def shift_invariant(self) -> bool:
+        """The mask at (i, j) depends on i - j only, so equal diagonal offsets share a mask."""
+        return False
+
+    @property
+    def is_top_left_causal(self) -> bool:
+        """Exactly SDPA's `is_causal=True` (query i sees keys j <= i) at every L, S."""
+        return False
+
+    def simplified(self, L: int, S: int) -> Mask | None:
+        """An equal, simpler mask for an L×S score matrix; None when it allows every pair."""
+        return self
+
     # -- public API ----------------------------------------------------------------------------
     def block(self, rows, cols, L: int, S: int) -> torch.Tensor:
         """bool (Bm, Hm, len(rows), len(cols)): the mask at these query rows and key columns."""
@@ -139,6 +154,10 @@ class _Binary(Mask):
         self.a.check(L, S)
         self.b.check(L, S)
 
+    @property
+    def shift_invariant(self) -> bool:
+        return self.a.shift_invariant and self.b.shift_invariant
+
     def __repr__(self):
         return f"({self.a!r} {self.op} {self.b!r})"
 
@@ -174,6 +193,10 @@ class Not(Mask):
 
     def check(self, L, S):
         self.a.check(L, S)
+
+    @property
+    def shift_invariant(self) -> bool:
+        return self.a.shift_invariant
 
     def _block(self, rows, cols, L, S):
         return ~self.a._block(rows, cols, L, S)

@@ -7,10 +7,9 @@ last key, which is what decoding with a KV cache needs (L new queries after S - 
 
 from __future__ import annotations
 
-import torch
-
 from attnlab.errors import AttnlabError, check_choice
 from attnlab.masks.base import Mask, classify
+from attnlab.masks.sequence import KeyPrefix
 
 ALIGNS = ("top_left", "bottom_right")
 INT64_MAX = 2**63 - 1
@@ -23,9 +22,25 @@ def _offset(align: str, L: int, S: int) -> int:
 class Causal(Mask):
     """Query i sees keys j <= i (+ offset): no peeking ahead."""
 
+    shift_invariant = True
+
     def __init__(self, align: str = "top_left"):
         check_choice("align", align, ALIGNS)
         self.align = align
+
+    @property
+    def is_top_left_causal(self) -> bool:
+        return self.align == "top_left"
+
+    def simplified(self, L: int, S: int) -> Mask | None:
+        """Bottom-right is top-left when L == S (prefill), which the fused kernel runs as
+        is_causal=True, and allows every key when L == 1 (one decoding step)."""
+        if self.align == "bottom_right":
+            if L == S:
+                return Causal("top_left")
+            if L == 1:
+                return None
+        return self
 
     def _block(self, rows, cols, L, S):
         off = _offset(self.align, L, S)
@@ -41,6 +56,8 @@ class Causal(Mask):
 
 class SlidingWindow(Mask):
     """Query i sees keys j with i - size < j <= i (+ offset): the last `size` keys, itself too."""
+
+    shift_invariant = True
 
     def __init__(self, size: int, align: str = "top_left"):
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= INT64_MAX:
@@ -66,59 +83,6 @@ class SlidingWindow(Mask):
 
     def __repr__(self):
         return f"sliding_window({self.size}, align={self.align!r})"
-
-
-class KeyPrefix(Mask):
-    """Every query sees keys j < prefix_length (per batch element when a sequence is given)."""
-
-    def __init__(self, prefix_length):
-        lengths = _lengths("prefix_length", prefix_length)
-        self.lengths = lengths  # (Bm,)
-        self.batch_size = lengths.numel()
-
-    def _block(self, rows, cols, L, S):
-        n = self.lengths.to(cols.device)[:, None, None, None]  # (Bm, 1, 1, 1)
-        return (cols[None, None, None, :] < n).expand(-1, 1, len(rows), len(cols))
-
-    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
-        n = self.lengths.to(k_lo.device)[:, None, None, None]
-        return classify((k_hi < n).expand(-1, 1, q_lo.shape[0], -1),
-                        (k_lo >= n).expand(-1, 1, q_lo.shape[0], -1))
-
-    def __repr__(self):
-        return f"key_prefix({self.lengths.tolist()})"
-
-
-def _lengths(name: str, x) -> torch.Tensor:
-    """A 1-D int64 tensor of non-negative lengths from an int or a flat sequence/tensor of ints."""
-    t = as_int_tensor(name, x, "integer lengths")
-    if t.dim() > 1:
-        raise AttnlabError(
-            f"{name}: expected an int or a flat sequence of ints (one per batch element), got "
-            f"shape {tuple(t.shape)}"
-        )
-    t = t.reshape(-1)
-    if t.numel() == 0:
-        raise AttnlabError(f"{name}: expected at least one length, got an empty sequence")
-    if (t < 0).any():
-        raise AttnlabError(f"{name}: expected lengths >= 0, got {t.tolist()}"[:200])
-    return t
-
-
-def as_int_tensor(name: str, x, what: str) -> torch.Tensor:
-    """x as an int64 tensor, or AttnlabError naming `name` (strings, ragged nesting, floats,
-    integers beyond int64 are refused)."""
-    if isinstance(x, (str, bytes)) or (isinstance(x, torch.Tensor) and x.device.type == "meta"):
-        raise AttnlabError(f"{name}: expected {what}, got {x!r}"[:200])
-    try:
-        t = torch.as_tensor(x)
-    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-        why = "an integer beyond int64" if "overflow" in str(e).lower() else "not a regular " \
-            "nesting of ints"
-        raise AttnlabError(f"{name}: expected {what}, got {why}: {x!r}"[:200]) from None
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise AttnlabError(f"{name}: expected {what}, got dtype {t.dtype}")
-    return t.to(torch.int64)
 
 
 def causal(align: str = "top_left") -> Causal:

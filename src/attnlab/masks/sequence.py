@@ -1,4 +1,5 @@
-"""Masks that depend on the batch: padding (ragged lengths) and document (packed sequences)."""
+"""Masks that depend on the batch: padding (ragged lengths), document (packed sequences) and the
+key prefix every query sees (prefix_lm's prefix), with the checks of their lengths and ids."""
 
 from __future__ import annotations
 
@@ -6,7 +7,59 @@ import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
 from attnlab.masks.base import Mask, classify
-from attnlab.masks.positional import _lengths, as_int_tensor
+
+
+class KeyPrefix(Mask):
+    """Every query sees keys j < prefix_length (per batch element when a sequence is given)."""
+
+    def __init__(self, prefix_length):
+        lengths = _lengths("prefix_length", prefix_length)
+        self.lengths = lengths  # (Bm,)
+        self.batch_size = lengths.numel()
+
+    def _block(self, rows, cols, L, S):
+        n = self.lengths.to(cols.device)[:, None, None, None]  # (Bm, 1, 1, 1)
+        return (cols[None, None, None, :] < n).expand(-1, 1, len(rows), len(cols))
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        n = self.lengths.to(k_lo.device)[:, None, None, None]
+        return classify((k_hi < n).expand(-1, 1, q_lo.shape[0], -1),
+                        (k_lo >= n).expand(-1, 1, q_lo.shape[0], -1))
+
+    def __repr__(self):
+        return f"key_prefix({self.lengths.tolist()})"
+
+
+def _lengths(name: str, x) -> torch.Tensor:
+    """A 1-D int64 tensor of non-negative lengths from an int or a flat sequence/tensor of ints."""
+    t = as_int_tensor(name, x, "integer lengths")
+    if t.dim() > 1:
+        raise AttnlabError(
+            f"{name}: expected an int or a flat sequence of ints (one per batch element), got "
+            f"shape {tuple(t.shape)}"
+        )
+    t = t.reshape(-1)
+    if t.numel() == 0:
+        raise AttnlabError(f"{name}: expected at least one length, got an empty sequence")
+    if (t < 0).any():
+        raise AttnlabError(f"{name}: expected lengths >= 0, got {t.tolist()}"[:200])
+    return t
+
+
+def as_int_tensor(name: str, x, what: str) -> torch.Tensor:
+    """x as an int64 tensor, or AttnlabError naming `name` (strings, ragged nesting, floats,
+    integers beyond int64 are refused)."""
+    if isinstance(x, (str, bytes)) or (isinstance(x, torch.Tensor) and x.device.type == "meta"):
+        raise AttnlabError(f"{name}: expected {what}, got {x!r}"[:200])
+    try:
+        t = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        why = "an integer beyond int64" if "overflow" in str(e).lower() else "not a regular " \
+            "nesting of ints"
+        raise AttnlabError(f"{name}: expected {what}, got {why}: {x!r}"[:200]) from None
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise AttnlabError(f"{name}: expected {what}, got dtype {t.dtype}")
+    return t.to(torch.int64)
 
 
 class Padding(Mask):

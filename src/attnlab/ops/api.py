@@ -16,7 +16,6 @@ from attnlab.errors import (
     fmt_shape,
 )
 from attnlab.masks import Mask, causal
-from attnlab.masks.positional import Causal
 from attnlab.ops import dispatch
 from attnlab.ops.problem import Problem
 
@@ -165,15 +164,4 @@ def _structured(mask, is_causal, dims) -> Mask | None:
         raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
     if is_causal:
         mask = causal() if mask is None else causal() & mask
-    return _simplified(mask, dims)
-
-
-def _simplified(mask, dims):
-    """A bottom-right causal mask is the top-left one when L == S (prefill), which the fused
-    kernel runs as is_causal=True, and allows every key when L == 1 (one decoding step)."""
-    if isinstance(mask, Causal) and mask.align == "bottom_right":
-        if dims.L == dims.S:
-            return causal()
-        if dims.L == 1:
-            return None
-    return mask
+    return None if mask is None else mask.simplified(dims.L, dims.S)

@@ -13,7 +13,6 @@ import torch
 
 from attnlab.errors import Dims
 from attnlab.masks import Mask
-from attnlab.masks.positional import Causal
 
 
 @dataclass
@@ -40,8 +39,8 @@ class Problem:
         """Only a top-left causal mask: SDPA's is_causal=True expresses it exactly."""
         return (
             self.attn_mask is None
-            and isinstance(self.structured, Causal)
-            and self.structured.align == "top_left"
+            and self.structured is not None
+            and self.structured.is_top_left_causal
         )
 
     def dense_masks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:

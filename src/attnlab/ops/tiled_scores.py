@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.masks import Mask
-from attnlab.masks.base import And, Not, Or
-from attnlab.masks.positional import Causal, SlidingWindow
 from attnlab.ops.math import accum_dtype
 from attnlab.ops.problem import Problem
 from attnlab.ops.tiled_plan import Chunk, Plan, make_plan
@@ -65,22 +63,14 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         slopes=slopes, dropout_p=p.dropout_p, seed=seed, plan=make_plan(p, fused=fused),
         fused=fused,
         finite=p.finite or (_all_finite(p.key) and _all_finite(p.value)),
-        shift_invariant=p.attn_mask is None and _shift_invariant(p.structured),
+        shift_invariant=(p.attn_mask is None and p.structured is not None
+                         and p.structured.shift_invariant),
     )
 
 
 def _all_finite(x: torch.Tensor) -> bool:
     """No NaN/Inf in x, from one reduction (an overflowing sum only costs the safe path)."""
     return bool(torch.isfinite(x.detach().sum()))
-
-
-def _shift_invariant(m) -> bool:
-    """True when the mask at (i, j) depends on i - j only (so equal offsets share a mask)."""
-    if isinstance(m, (Causal, SlidingWindow)):
-        return True
-    if isinstance(m, (And, Or)):
-        return _shift_invariant(m.a) and _shift_invariant(m.b)
-    return isinstance(m, Not) and _shift_invariant(m.a)
 
 
 def _bias4(p: Problem) -> torch.Tensor | None:
