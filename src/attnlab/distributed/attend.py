@@ -3,6 +3,8 @@ piece, key piece) pairs shared by the ring and the all-gather strategies.
 
 A pair whose tiles are all EMPTY is never computed; a FULL pair builds no mask; a PARTIAL pair
 evaluates the mask on its global rows × columns and is skipped if nothing in it may attend.
+Query rows go in chunks so that no score buffer exceeds SCORE_BUDGET elements: memory stays
+linear in the shard length.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from attnlab.distributed import comm
 from attnlab.distributed.blocks import block_backward, merge
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.layouts import Piece
-from attnlab.masks import EMPTY
+from attnlab.masks import EMPTY, FULL
+
+#: most score elements (B·H·rows·keys) one block computes at a time
+SCORE_BUDGET = 1 << 22
 
 
 @dataclass
@@ -34,22 +39,40 @@ class Call:
     def q_pieces(self) -> list[Piece]:
         return self.geom.q.pieces(self.rank)
 
-    def pairs(self, k_pieces: list[Piece], device):
-        """(query piece index, query piece, key piece, allowed or None) of every pair to compute."""
+    def pairs(self, k_pieces: list[Piece], q: torch.Tensor, log: bool = False):
+        """(query piece index, rows of the shard, key piece, allowed or None) of every row
+        chunk of every (query piece, key piece) pair with something to attend; `log`: count
+        the pairs in an active `comm.record()`."""
+        g, per_row = self.geom, q.shape[0] * q.shape[1]
         for qi, qp in enumerate(self.q_pieces):
             for kp in k_pieces:
-                if self.geom.pair_class(qp, kp) == EMPTY:
+                cls = g.pair_class(qp, kp)
+                if cls == EMPTY:
                     continue
-                allowed = self.geom.allowed(qp, kp)
-                if allowed is not None:
-                    allowed = allowed.to(device)
-                    if not bool(allowed.any()):
-                        continue
-                yield qi, qp, kp, allowed
+                step = max(1, SCORE_BUDGET // (per_row * kp.length))
+                logged = False
+                for a in range(0, qp.length, step):
+                    b = min(a + step, qp.length)
+                    allowed = None
+                    if cls != FULL:  # the mask on these global rows x columns
+                        allowed = g.mask.block(qp.positions[a:b], kp.positions, g.L, g.S)
+                        allowed = allowed.to(q.device)
+                        if not bool(allowed.any()):
+                            continue
+                    if log and not logged:
+                        comm.log_pair(qp.length, kp.length)
+                        logged = True
+                    yield qi, slice(qp.start + a, qp.start + b), kp, allowed
 
 
 def _rows(x: torch.Tensor, p: Piece) -> torch.Tensor:
     return x[:, :, p.start:p.start + p.length]
+
+
+def _local(c: Call, qi: int, rows: slice) -> slice:
+    """`rows` of the shard as rows of query piece qi."""
+    start = c.q_pieces[qi].start
+    return slice(rows.start - start, rows.stop - start)
 
 
 def start_state(c: Call, q: torch.Tensor, Dv: int):
@@ -63,14 +86,15 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
     """Merge the attention of every query piece over `k_pieces` of (k_buf, v_buf) into state."""
     from attnlab.ops import attention
 
-    for qi, qp, kp, allowed in c.pairs(k_pieces, q_acc.device):
+    for qi, rows, kp, allowed in c.pairs(k_pieces, q_acc, log=True):
         k, v = _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc)
         # attnlab's own fused/tiled op on the block, in the accumulation dtype
-        o, l = attention(_rows(q_acc, qp), k, v, attn_mask=allowed, scale=c.scale,
+        o, l = attention(q_acc[:, :, rows], k, v, attn_mask=allowed, scale=c.scale,
                          softcap=c.softcap, enable_gqa=k.shape[1] != q_acc.shape[1],
                          return_lse=True)
-        comm.log_pair(qp.length, kp.length)
-        state[qi] = merge(*state[qi], o, l)
+        out, lse = state[qi]
+        sl = _local(c, qi, rows)
+        out[:, :, sl], lse[:, :, sl] = merge(out[:, :, sl], lse[:, :, sl], o, l)
 
 
 def finish_state(c: Call, state, q: torch.Tensor, Dv: int):
@@ -92,12 +116,11 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
     q_acc, out, lse, dout, dlse = saved
     dk = torch.zeros(k_buf.shape, dtype=c.acc, device=k_buf.device)
     dv = torch.zeros(v_buf.shape, dtype=c.acc, device=v_buf.device)
-    for _, qp, kp, allowed in c.pairs(k_pieces, q_acc.device):
+    for _, r, kp, allowed in c.pairs(k_pieces, q_acc):
         dq_b, dk_b, dv_b = block_backward(
-            _rows(q_acc, qp), _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc), allowed,
-            c.scale, c.softcap, _rows(out, qp), lse[:, :, qp.start:qp.start + qp.length],
-            _rows(dout, qp), dlse[:, :, qp.start:qp.start + qp.length])
-        _rows(dq_acc, qp).add_(dq_b)
+            q_acc[:, :, r], _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc), allowed,
+            c.scale, c.softcap, out[:, :, r], lse[:, :, r], dout[:, :, r], dlse[:, :, r])
+        dq_acc[:, :, r].add_(dq_b)
         _rows(dk, kp).add_(dk_b)
         _rows(dv, kp).add_(dv_b)
     return dk, dv

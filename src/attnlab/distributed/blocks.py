@@ -1,4 +1,5 @@
-"""Attention on one (query piece, key block) pair, forward and backward, and the exact LSE merge.
+"""The backward of one (query rows, key block) pair, and the exact LSE merge of two partial
+forwards (the forward of a block is `attnlab.attention` itself).
 
 Inputs are already in the accumulation dtype (float32, float64 for float64 inputs). Grouped-query
 attention runs without copying k/v per head: the G = H / Hkv query heads that share a key head are
@@ -14,9 +15,6 @@ NaN/Inf in a key, value or query that no pair of this block uses never reaches a
 from __future__ import annotations
 
 import torch
-
-#: query rows per inner chunk: bounds the (B, H, rows, Sb) score buffer
-ROW_CHUNK = 1024
 
 
 def _grouped(x: torch.Tensor, Hkv: int) -> torch.Tensor:
@@ -58,51 +56,27 @@ def _scores(q, k, scale, softcap, allowed):
     return s, t
 
 
-def block_forward(q, k, v, allowed, scale, softcap):
-    """out (B, H, Lb, Dv) and lse (B, H, Lb) of q (B, H, Lb, D) over k, v (B, Hkv, Sb, D|Dv)."""
-    q, k, v = _sanitize(q, k, v, allowed)
-    outs, lses = [], []
-    for i in range(0, max(q.shape[2], 1), ROW_CHUNK):
-        a = None if allowed is None else allowed[:, :, i:i + ROW_CHUNK]
-        s, _ = _scores(q[:, :, i:i + ROW_CHUNK], k, scale, softcap, a)
-        m = s.amax(-1, keepdim=True)  # (B, H, Lr, 1)
-        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # rows that see nothing
-        p = torch.exp(s - m)
-        l = p.sum(-1, keepdim=True)
-        # (B, Hkv, G·Lr, Sb) @ (B, Hkv, Sb, Dv) -> (B, Hkv, G·Lr, Dv) -> (B, H, Lr, Dv)
-        o = _ungrouped(_grouped(p, k.shape[1]) @ v, q.shape[1])
-        outs.append(o / torch.where(l > 0, l, torch.ones_like(l)))
-        lses.append((m + torch.log(l)).squeeze(-1))  # log 0 = -inf for empty rows
-    return torch.cat(outs, 2), torch.cat(lses, 2)
-
-
 def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
     """(dq (B, H, Lb, D), dk (B, Hkv, Sb, D), dv (B, Hkv, Sb, Dv)) of one block, given the rows'
     global out (B, H, Lb, Dv), lse (B, H, Lb) and their gradients dout, dlse."""
     q, k, v = _sanitize(q, k, v, allowed)
     H, Hkv = q.shape[1], k.shape[1]
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    dqs = []
-    for i in range(0, max(q.shape[2], 1), ROW_CHUNK):
-        r = slice(i, i + ROW_CHUNK)
-        a = None if allowed is None else allowed[:, :, r]
-        s, t = _scores(q[:, :, r], k, scale, softcap, a)
-        lse_r = lse[:, :, r, None]
-        p = s.sub_(torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r)).exp_()
-        do = dout[:, :, r]
-        # (B, Hkv, G·Lr, Dv) @ (B, Hkv, Dv, Sb) -> (B, H, Lr, Sb)
-        dp = _ungrouped(_grouped(do, Hkv) @ v.transpose(-1, -2), H)
-        delta = (do * out[:, :, r]).sum(-1, keepdim=True) - dlse[:, :, r, None]  # (B, H, Lr, 1)
-        ds = dp.sub_(delta).mul_(p)  # d(capped, masked scores), in place of dp
-        if t is not None:
-            ds.mul_(1 - t * t)
-        ds.mul_(scale)
-        # (B, Hkv, G·Lr, Sb) @ (B, Hkv, Sb, D) -> (B, H, Lr, D)
-        dqs.append(_ungrouped(_grouped(ds, Hkv) @ k, H))
-        # (B, Hkv, Sb, G·Lr) @ (B, Hkv, G·Lr, D|Dv) -> (B, Hkv, Sb, D|Dv): summed over the group
-        dk += _grouped(ds, Hkv).transpose(-1, -2) @ _grouped(q[:, :, r], Hkv)
-        dv += _grouped(p, Hkv).transpose(-1, -2) @ _grouped(do, Hkv)
-    return torch.cat(dqs, 2), dk, dv
+    s, t = _scores(q, k, scale, softcap, allowed)
+    lse = lse[..., None]  # (B, H, Lb, 1)
+    p = s.sub_(torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)).exp_()
+    # (B, Hkv, G·Lb, Dv) @ (B, Hkv, Dv, Sb) -> (B, H, Lb, Sb)
+    dp = _ungrouped(_grouped(dout, Hkv) @ v.transpose(-1, -2), H)
+    delta = (dout * out).sum(-1, keepdim=True) - dlse[..., None]  # (B, H, Lb, 1)
+    ds = dp.sub_(delta).mul_(p)  # d(capped, masked scores), in place of dp
+    if t is not None:
+        ds.mul_(1 - t * t)
+    ds.mul_(scale)
+    # (B, Hkv, G·Lb, Sb) @ (B, Hkv, Sb, D) -> (B, H, Lb, D)
+    dq = _ungrouped(_grouped(ds, Hkv) @ k, H)
+    # (B, Hkv, Sb, G·Lb) @ (B, Hkv, G·Lb, D|Dv) -> (B, Hkv, Sb, D|Dv): summed over the group
+    dk = _grouped(ds, Hkv).transpose(-1, -2) @ _grouped(q, Hkv)
+    dv = _grouped(p, Hkv).transpose(-1, -2) @ _grouped(dout, Hkv)
+    return dq, dk, dv
 
 
 def merge(out_a, lse_a, out_b, lse_b):

@@ -61,12 +61,6 @@ class Geometry:
             return PARTIAL
         return int(cc[qp.chunk, kp.chunk])
 
-    def allowed(self, qp: Piece, kp: Piece) -> torch.Tensor | None:
-        """bool (Bm, Hm, len(qp), len(kp)) for a PARTIAL pair; None when the pair is FULL."""
-        if self.pair_class(qp, kp) == FULL:
-            return None
-        return self.mask.block(qp.positions, kp.positions, self.L, self.S)
-
     # -- key needs: what a rank receives ---------------------------------------------------------
     @cached_property
     def key_block(self) -> int:
