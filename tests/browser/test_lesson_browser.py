@@ -131,6 +131,25 @@ def test_dragging_the_query_recomputes_like_trace(page):
     check_main(g2)
 
 
+def test_dragging_among_random_keys_recomputes_like_trace(page):
+    rng = np.random.default_rng(3)
+    for S, Dv, scaled in [(2, 1, True), (5, 3, False), (8, 2, True)]:
+        put(page, {"query": [1.0, -1.0], "keys": rng.uniform(-4, 4, size=(S, 2)).round(1).tolist(),
+                   "values": rng.normal(size=(S, Dv)).tolist(), "scaled": scaled})
+        handle = page.locator('[data-handle="q"]')
+        handle.scroll_into_view_if_needed()
+        box = handle.bounding_box()
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        dx, dy = rng.uniform(-60, 60, size=2)
+        page.mouse.move(x, y)
+        page.mouse.down()
+        page.mouse.move(x + dx, y + dy, steps=3)
+        page.mouse.up()
+        g = get(page)
+        assert g["query"] != [1.0, -1.0]
+        check_main(g)
+
+
 def test_random_vectors_agree_with_trace(page):
     rng = np.random.default_rng(7)
     for S, D, Dv in [(1, 2, 2), (3, 2, 2), (5, 7, 3), (8, 16, 5)]:
@@ -140,9 +159,11 @@ def test_random_vectors_agree_with_trace(page):
                            "values": rng.normal(size=(S, Dv)).tolist(), "scaled": scaled})
             assert len(g["tokens"]) == S and g["scaled"] is scaled
             check_main(g)
-    for q, k in (([0.0, 0.0], [[0.0, 0.0], [1.0, -1.0]]),  # a zero query: equal weights
+    for q, k in (([0.5], [[2.0], [-1.0], [0.0]]),  # one number per vector
+                 ([0.0, 0.0], [[0.0, 0.0], [1.0, -1.0]]),  # a zero query: equal weights
                  ([1000.0, -1000.0], [[1000.0, 1000.0], [-1000.0, 999.5]])):  # huge scores
-        check_main(put(page, {"query": q, "keys": k, "values": [[1.0, 2.0], [3.0, 4.0]]}))
+        v = [[1.0], [-2.0], [0.5]][:len(k)] if len(q) == 1 else [[1.0, 2.0], [3.0, 4.0]]
+        check_main(put(page, {"query": q, "keys": k, "values": v}))
     for L, D in [(1, 1), (4, 3), (8, 6)]:
         for masked in (True, False):
             q, k, v = rng.normal(size=(3, L, D)) * 2

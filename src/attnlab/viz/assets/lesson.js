@@ -311,7 +311,9 @@
     this.placed = [];
     return svg;
   };
-  Plane.prototype.px = function (x, y) {
+  Plane.prototype.px = function (x, y) {  // a 1-number vector is drawn on the x axis
+    x = x || 0;
+    y = y || 0;
     return [this.size / 2 + this.k * (x - this.c[0]), this.size / 2 - this.k * (y - this.c[1])];
   };
   Plane.prototype.world = function (ev) {
@@ -366,10 +368,10 @@
   function drawCompare(row) {
     var P = cmpPlane, focused = document.activeElement, keep = focused &&
       focused.getAttribute && focused.getAttribute("data-handle");
-    var svg = P.start(compareR(), "1st number", "2nd number"), q = st.query;
+    var svg = P.start(compareR(), "1st number", "2nd number"), q = two(st.query);
     var sel = st.focus != null && st.focus < st.keys.length ? st.focus : argmax(row.scores);
-    var k = st.keys[sel], qq = q[0] * q[0] + q[1] * q[1];
-    live.caption.textContent = q.length !== 2 ? "" : qq === 0
+    var k = two(st.keys[sel]), qq = q[0] * q[0] + q[1] * q[1];
+    live.caption.textContent = st.query.length !== 2 ? "" : qq === 0
       ? "The query is zero: it lines up with nothing, every score is 0."
       : "Shaded: how far the key of " + quote(st.tokens[sel]) + " reaches along the query (its shadow, " +
         fmt(row.scores[sel] / Math.sqrt(qq), 2) + " long). Score = |q| \u00d7 shadow = " +
@@ -411,18 +413,19 @@
       P.label(kv, short(st.tokens[j]) + " " + fmt(row.scores[j], 2), color(j));
     });
     st.keys.forEach(function (kv, j) { svg.appendChild(handle("k" + j, kv, 7, color(j))); });
-    svg.appendChild(handle("q", q, 10, "#111"));
+    svg.appendChild(handle("q", st.query, 10, "#111"));
     if (keep) {
       var again = svg.querySelector('[data-handle="' + keep + '"]');
       if (again) again.focus();
     }
-    if (st.query.length > 2) {
+    if (st.query.length !== 2) {
       svg.appendChild(sv("text", { x: 10, y: P.size - 6, "font-size": 11, fill: "#a33" },
-                         "showing the first 2 of " + st.query.length + " numbers"));
+                         st.query.length > 2 ? "showing the first 2 of " + st.query.length +
+                         " numbers" : "1 number: drawn on the first axis"));
     }
   }
   function handle(name, v, r, col) {
-    var p = cmpPlane.px(v[0], v[1]);
+    var p = cmpPlane.px(v[0], v[1]);  // v is the state's own vector: keys move it
     var who = name === "q" ? "query for " + quote(DATA.query_token)
       : "key of " + quote(st.tokens[+name.slice(1)]);
     var g = sv("g", { "class": "handle", tabindex: "0", "data-handle": name, role: "slider",
@@ -437,19 +440,20 @@
       if (!dx && !dy) return;
       e.preventDefault();
       v[0] = Math.round((v[0] + dx) * 1e9) / 1e9;
-      v[1] = Math.round((v[1] + dy) * 1e9) / 1e9;
+      if (v.length > 1) v[1] = Math.round((v[1] + dy) * 1e9) / 1e9;
       if (name !== "q") st.focus = +name.slice(1);
       update();
     });
     return g;
   }
+  function two(v) { return [v[0], v.length > 1 ? v[1] : 0]; }  // what the plane can show
   function vectorOf(name) { return name === "q" ? st.query : st.keys[+name.slice(1)]; }
   function hookDrag() {
     var svg = cmpPlane.svg;
     svg.addEventListener("pointerdown", function (e) {
       var p = cmpPlane.world(e), best = "q", dist = Infinity;
       ["q"].concat(st.keys.map(function (_, j) { return "k" + j; })).forEach(function (n) {
-        var v = vectorOf(n), dd = Math.hypot(v[0] - p[0], v[1] - p[1]) * cmpPlane.k;
+        var v = two(vectorOf(n)), dd = Math.hypot(v[0] - p[0], v[1] - p[1]) * cmpPlane.k;
         if (dd < dist - 0.5 && dd < 18) { best = n; dist = dd; }
       });
       drag = { name: best, id: e.pointerId, R: compareR() };
@@ -468,7 +472,7 @@
   function moveTo(p) {
     var v = vectorOf(drag.name), R = drag.R;
     v[0] = Math.max(-R, Math.min(R, Math.round(p[0] * 10) / 10));
-    v[1] = Math.max(-R, Math.min(R, Math.round(p[1] * 10) / 10));
+    if (v.length > 1) v[1] = Math.max(-R, Math.min(R, Math.round(p[1] * 10) / 10));
     update();
   }
   function buildCompare() {
