@@ -216,6 +216,20 @@ def test_a_touch_moves_the_query(browser, page_url):
         ctx.close()
 
 
+@pytest.mark.parametrize("partial, says", [
+    ({"keys": [[1, 2, 3]]}, "keys: expected 2 finite numbers"),
+    ({"values": [[1, 0]]}, "values: expected 3 rows"),
+    ({"query": [1, float("nan")]}, "query: expected finite numbers"),
+    ({"dims": {"d": 1000}}, "dims.d: expected an integer 2"),
+    ({"keys": [[0, 1]] * 9, "values": [[0]] * 9}, "keys: at most 8 tokens"),
+])
+def test_set_refuses_bad_input_and_changes_nothing(page, partial, says):
+    before = get(page)
+    with pytest.raises(Exception, match=re.escape(f"attnlabLesson.set: {says}")):
+        put(page, partial)
+    assert get(page) == before
+
+
 def test_the_scale_section_shows_the_effect(page):
     small = put(page, {"dims": {"d": 2, "seed": 1}})["dims"]
     big = put(page, {"dims": {"d": 512, "seed": 1}})["dims"]
