@@ -111,3 +111,16 @@ def test_cli_plan_cp_json_matches_plan(capsys):
 def test_cli_plan_cp_bad_mask(capsys):
     assert main(["plan-cp", "--L", "64", "--heads", "4", "--mask", "sliding:x"]) == 2
     assert "--mask" in capsys.readouterr().err
+
+
+def test_near_ties_go_to_the_strategy_that_sends_less():
+    from attnlab.distributed.cost import Estimate, choose
+
+    def est(name, compute, comm, sent, overlaps):
+        return Estimate(name, True, "", [sent], [sent], [0], [0], [1.0], comm, compute, overlaps)
+
+    ring = est("ring", 1.0, 0.5, 10**9, True)  # 1.0 s predicted
+    gather = est("allgather", 1.0, 0.02, 10**6, False)  # 1.02 s, a thousandth of the bytes
+    assert choose({"ring": ring, "allgather": gather}).strategy == "allgather"
+    slow = est("allgather", 1.0, 0.2, 10**6, False)  # 1.2 s: no longer a tie
+    assert choose({"ring": ring, "allgather": slow}).strategy == "ring"

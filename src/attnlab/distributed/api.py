@@ -106,10 +106,7 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
         if not isinstance(is_causal, bool):
             raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
         check_scale(scale, query.shape[-1])
-        if softcap is not None:
-            from attnlab.ops.api import check_softcap
-
-            check_softcap(softcap)
+        _check_softcap(softcap)
         desc["rows"] = [query.shape[2], key.shape[2]]
         desc.update({
             "query": [query.shape[0], query.shape[1], query.shape[3]],
@@ -125,6 +122,14 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
                  if isinstance(mask, Mask) else None, "is_causal": is_causal,
                  "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap})
     return desc
+
+
+def _check_softcap(softcap) -> None:
+    if softcap is None:
+        return
+    ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+    if not (ok and 0 < softcap < float("inf")):
+        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
 
 
 def shard(x: torch.Tensor, layout: str = "zigzag", *, group=None, dim: int = -2):

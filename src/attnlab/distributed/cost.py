@@ -160,11 +160,17 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
     return out
 
 
+#: predicted times within this factor of the best count as a tie, broken by fewer bytes
+TIE = 1.05
+
+
 def choose(estimates: dict[str, Estimate]) -> StrategyChoice:
-    """The strategy with the least predicted time (ties: fewer bytes, then ring first)."""
+    """The strategy with the least predicted time; among those within 5% of it, the one that
+    sends the fewest bytes (the model ignores latency and contention, which favour fewer)."""
     ok = [e for e in estimates.values() if e.feasible]
-    best = min(ok, key=lambda e: (round(e.time_s, 12), e.bytes_per_rank(),
-                                  STRATEGIES.index(e.strategy)))
+    fastest = min(e.time_s for e in ok)
+    near = [e for e in ok if e.time_s <= fastest * TIE]
+    best = min(near, key=lambda e: (e.bytes_per_rank(), e.time_s, STRATEGIES.index(e.strategy)))
     others = ", ".join(
         f"{e.strategy} {_ms(e.time_s)}" if e.feasible else f"{e.strategy}: {e.why_not}"
         for e in estimates.values() if e is not best)
