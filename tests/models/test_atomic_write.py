@@ -11,7 +11,7 @@ import torch
 
 from attnlab import AttnlabError
 from attnlab.models import GPT, CharTokenizer, GPTConfig, load_checkpoint, save_checkpoint
-from attnlab.models.checkpoint import atomic_write
+from attnlab.models.checkpoint import atomic_write, check_writable, read_checkpoint
 
 OLD = b"the previous contents\n" * 50
 
@@ -84,3 +84,34 @@ def test_a_save_failing_at_its_commit_point_keeps_the_old_checkpoint(tmp_path, m
     loaded, _ = load_checkpoint(tmp_path)
     for k, v in old.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_a_save_creates_missing_directories_and_a_default_state(tmp_path):
+    model, tok = _model(0)
+    where = tmp_path / "runs" / "a" / "ck"
+    save_checkpoint(where, model, tok)
+    ck = read_checkpoint(where)
+    assert ck.step == 0 and ck.doc["state"] == {"step": 0, "history": []}
+
+
+def test_a_diverged_model_never_replaces_a_good_checkpoint(tmp_path):
+    model, tok = _model(0)
+    save_checkpoint(tmp_path, model, tok, state={"step": 1, "history": []})
+    before = _snapshot(tmp_path)
+    with torch.no_grad():
+        model.wte.weight[0] = float("nan")  # one row of 16
+    with pytest.raises(AttnlabError, match=r"refusing to save to .*: model tensor 'wte.weight' "
+                                           r"holds 16 NaN/Inf .*; the previous checkpoint is kept"):
+        save_checkpoint(tmp_path, model, tok, state={"step": 2, "history": []})
+    assert _snapshot(tmp_path) == before
+
+
+def test_check_writable_creates_the_directory_and_leaves_it_empty(tmp_path):
+    where = tmp_path / "x" / "y"
+    assert check_writable(where) == where
+    assert where.is_dir() and list(where.iterdir()) == []
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(AttnlabError, match=rf"--out: cannot write checkpoints to "
+                                           rf"'{blocked / 'ck'}' \(\w"):
+        check_writable(blocked / "ck", "--out")
