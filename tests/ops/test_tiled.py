@@ -11,7 +11,7 @@ import attnlab
 from attnlab import masks
 from attnlab.ops import tiled
 from attnlab.ops.api import make_problem
-from attnlab.ops.tiled_plan import BLOCK_K, BLOCK_Q
+from attnlab.ops.tiled.plan import BLOCK_K, BLOCK_Q
 
 from helpers import assert_close, assert_fa_rule, oracle, plain_attention, qkv
 
@@ -165,7 +165,7 @@ def test_any_leading_dims(shape):
 def test_fused_merges_several_chunks_per_row_block(dtype):
     # past MIN_FREE keys, a causal row block runs a mask-free chunk and a masked diagonal chunk
     # whose partial results merge through their lse
-    from attnlab.ops.tiled_plan import MIN_FREE, make_plan
+    from attnlab.ops.tiled.plan import MIN_FREE, make_plan
 
     L = MIN_FREE + 2 * BLOCK_Q + 3
     q, k, v = qkv(1, 2, 1, L, L, 16, dtype=dtype, seed=12)
@@ -177,7 +177,7 @@ def test_fused_merges_several_chunks_per_row_block(dtype):
 def test_padded_query_rows_across_several_chunks():
     # B·H = 64 heads cap a masked chunk's width below L, so every row block walks several chunks;
     # the last 3 query rows are padding: -inf from every chunk must merge to -inf, not NaN
-    from attnlab.ops.tiled_plan import make_plan
+    from attnlab.ops.tiled.plan import make_plan
 
     L = 700
     q, k, v = qkv(4, 16, 16, L, L, 8, seed=70)

@@ -70,10 +70,11 @@ class CausalSelfAttention(nn.Module):
             mask, is_causal = masks.causal(align="bottom_right"), False
         else:
             mask, is_causal = None, True
-        out, w = attend(q, k, v, need_weights=record is not None, mask=mask, is_causal=is_causal,
-                        dropout_p=self.dropout if self.training else 0.0, kernel=self.kernel)
-        if record is not None:
-            record.append(AttentionRecord(q, k, v, w, self.head_dim ** -0.5))
+        p_drop = self.dropout if self.training else 0.0
+        out, w, scale = attend(q, k, v, need_weights=record is not None, mask=mask,
+                               is_causal=is_causal, dropout_p=p_drop, kernel=self.kernel)
+        if record is not None:  # the weights and the scale of the one validated call
+            record.append(AttentionRecord(q, k, v, w, scale))
         y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
         return self.out_proj(y)
 

@@ -88,9 +88,9 @@ class MultiHeadAttention(nn.Module):
         k = self._heads(self.k_proj(k_in), self.num_kv_heads)  # (B, Hkv, S, D)
         v = self._heads(self.v_proj(v_in), self.num_kv_heads)  # (B, Hkv, S, D)
         dense = self._dense_mask(key_padding_mask, attn_mask, B, L, S, unbatched)
-        out, w = attend(q, k, v, need_weights=need_weights, attn_mask=dense, mask=mask,
-                        is_causal=bool(is_causal),
-                        dropout_p=self.dropout if self.training else 0.0)
+        out, w, _ = attend(q, k, v, need_weights=need_weights, attn_mask=dense, mask=mask,
+                           is_causal=bool(is_causal),
+                           dropout_p=self.dropout if self.training else 0.0)
         out = self.out_proj(out.transpose(1, 2).reshape(B, L, self.embed_dim))  # (B, L, E)
         if unbatched:
             out = out[0]

@@ -1,23 +1,22 @@
-"""attnlab.attention: a drop-in for torch.nn.functional.scaled_dot_product_attention."""
+"""attnlab.attention: a drop-in for torch.nn.functional.scaled_dot_product_attention.
+
+Each public function validates its call once (`ops.validate.make_problem` -> Problem) and then
+runs it; `attention_with_weights` gives the output and exact weights from that one Problem.
+"""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from attnlab.errors import (
-    AttnlabError,
-    broadcasts_to,
-    check_choice,
-    check_dense_mask,
-    check_dropout,
-    check_qkv,
-    check_scale,
-    fmt_shape,
-)
-from attnlab.masks import Mask, causal
+from attnlab.errors import check_choice
+from attnlab.masks import Mask
 from attnlab.ops import dispatch
 from attnlab.ops.problem import Problem
+from attnlab.ops.validate import check_softcap, make_problem
+from attnlab.ops.weights import row_indices, rows_of
+
+__all__ = ["attention", "attention_with_weights", "check_softcap", "make_problem",
+           "run_with_weights", "select_backend"]
 
 
 def attention(
@@ -91,77 +90,63 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     return dispatch.choose(p, need_lse=return_lse)
 
 
-def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *,
-                 mask, softcap=None, alibi_slopes=None) -> Problem:
-    """Validate a call once and fold its masks together."""
-    dims = check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
-    if dims.ndim > 2:  # SDPA broadcasts batch dims (a key/value batch of 1 serves all): views
-        query, key = (x.expand(*dims.batch, *x.shape[-3:]) for x in (query, key))
-        value = key if value is None else value.expand(*dims.batch, *value.shape[-3:])
-    if attn_mask is not None:
-        check_dense_mask("attn_mask", attn_mask, dims, query.device)
-        if attn_mask.dim() < 2:  # (S,) or a scalar: one row broadcast over every query
-            attn_mask = attn_mask.reshape(1, -1)
-        while attn_mask.dim() > len(dims.scores_shape):  # extra leading dims are 1 (checked)
-            attn_mask = attn_mask[0]
-    structured = _structured(mask, is_causal, dims)
-    return Problem(
-        query=query, key=key, value=value, dims=dims,
-        scale=check_scale(scale, dims.D), dropout_p=check_dropout(dropout_p),
-        structured=structured, attn_mask=attn_mask,
-        softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, dims, query.device),
-    )
+#: query rows of weights recomputed at a time: besides the returned weights, only a block of this
+#: many rows of scores is ever held, so long inputs cost no second L×S matrix of intermediates
+WEIGHT_ROWS = 1024
 
 
-def check_softcap(softcap) -> float | None:
-    if softcap is None:
-        return None
-    try:
-        c = float(softcap)
-    except (TypeError, ValueError):
-        c = float("nan")
-    if not (c > 0 and c != float("inf")):
-        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
-    return c
+def attention_with_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    mask: Mask | None = None,
+    rows=None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+):
+    """`attention`'s output and the exact attention weights of the rows asked for, in one call.
+
+    The call is validated once; the weights are recomputed from the output's log-sum-exp with the
+    same scale, masks and modifiers (w = exp(score - lse), no second softmax), in blocks of
+    WEIGHT_ROWS rows, so the fast kernels still compute the output.
+
+    Args: as `attention`, plus
+        rows: which query rows' weights: None (all), an int, a slice or a sequence of ints.
+
+    Returns:
+        (out (..., H, L, Dv), weights (..., H, R, S) in the accumulation dtype), or
+        (out, lse, weights) with `return_lse=True`. The weights are those before dropout.
+    """
+    p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes)
+    check_choice("backend", backend, dispatch.BACKENDS)
+    out, lse, w = run_with_weights(p, backend=backend, rows=rows)
+    return (out, lse, w) if return_lse else (out, w)
 
 
-def check_alibi(slopes, dims, device) -> torch.Tensor | None:
-    if slopes is None:
-        return None
-    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
-        raise AttnlabError(
-            f"alibi_slopes: expected a float tensor of shape (H,) = ({dims.H},), got "
-            f"{type(slopes).__name__} {getattr(slopes, 'dtype', '')}".rstrip()
-        )
-    if tuple(slopes.shape) != (dims.H,):
-        raise AttnlabError(
-            f"alibi_slopes: expected shape (H,) = ({dims.H},), got {fmt_shape(slopes.shape)}"
-        )
-    if slopes.device != device:
-        raise AttnlabError(
-            f"alibi_slopes: expected device {device} like query, got {slopes.device}"
-        )
-    return slopes
+def run_with_weights(p: Problem, *, backend: str = "auto", rows=None,
+                     row_block: int = WEIGHT_ROWS):
+    """(out, lse, weights (..., H, R, S)) of a Problem already built by `make_problem`.
 
-
-def _structured(mask, is_causal, dims) -> Mask | None:
-    if mask is not None:
-        if not isinstance(mask, Mask):
-            raise AttnlabError(
-                f"mask: expected a mask from attnlab.masks, got {type(mask).__name__}; "
-                "pass dense tensors as attn_mask="
-            )
-        mask.check(dims.L, dims.S)
-        mshape = (mask.batch_size, mask.heads, dims.L, dims.S)
-        if not broadcasts_to(mshape, dims.scores_shape):
-            raise AttnlabError(
-                f"mask: {mask!r} covers (Bm, Hm, L, S) = {fmt_shape(mshape)}, which does not "
-                f"broadcast to the scores (..., H, L, S) = {fmt_shape(dims.scores_shape)}"
-            )
-    if isinstance(is_causal, np.bool_):  # what SDPA accepts, e.g. from a NumPy config
-        is_causal = bool(is_causal)
-    if not isinstance(is_causal, bool):
-        raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
-    if is_causal:
-        mask = causal() if mask is None else causal() & mask
-    return None if mask is None else mask.simplified(dims.L, dims.S)
+    The internal entry for callers that validate themselves and reuse the Problem (its `scale`
+    and `dense_masks()`) for more than the weights, e.g. to record the call.
+    """
+    out, lse = dispatch.run(backend, p, need_lse=True)
+    idx = row_indices(rows, p.dims.L, p.query.device)
+    if idx.numel() <= row_block:
+        return out, lse, rows_of(p, lse, idx)
+    w = None
+    for r in range(0, idx.numel(), row_block):  # one block of scores alive at a time
+        block = rows_of(p, lse, idx[r:r + row_block])  # (..., H, ≤row_block, S)
+        if w is None:
+            w = block.new_empty(*block.shape[:-2], idx.numel(), p.dims.S)  # (..., H, R, S)
+        w[..., r:r + block.shape[-2], :] = block
+    return out, lse, w

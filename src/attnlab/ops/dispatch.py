@@ -11,21 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.ops import budget, fused_cpu, nonfinite, numpy_ref, sdpa, tiled, tiled_plan
-from attnlab.ops import math as math_backend
-from attnlab.ops.math import accum_dtype
+from attnlab.ops import budget, fused_cpu, nonfinite, numpy_ref, plain, sdpa, tiled
 from attnlab.ops.problem import Problem
+from attnlab.ops.scores import accum_dtype
 
 
 @dataclass(frozen=True)
 class Choice:
     backend: str
     reason: str
-
-
-def _sdpa_lse_ok(p: Problem) -> bool:
-    """The fused kernel that returns the lse takes this problem (it refuses dropout)."""
-    return fused_cpu.applies(p)
 
 
 #: below this many score entries (L·S) a dense mask costs less than the tiled loop's overhead
@@ -50,7 +44,7 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
-    if need_lse and not _sdpa_lse_ok(p):
+    if need_lse and not fused_cpu.applies(p):
         return Choice("tiled", "log-sum-exp requested and the fused kernel can't return it here")
     if p.structured is None and p.attn_mask is None:
         return Choice("sdpa", "no mask: PyTorch's fused kernel")
@@ -63,7 +57,7 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("tiled", f"long ({d.L}×{d.S}): no dense mask; memory linear in L")
     if p.structured is None:  # the dense mask exists already: tiling would save no memory
         return Choice("sdpa", "a dense attn_mask only: the fused kernel with it")
-    dens = tiled_plan.density(p)
+    dens = tiled.plan_for(p, fused=fused_cpu.applies(p)).density  # the plan tiled will run
     if dens > DENSE_ENOUGH:
         return Choice("sdpa", f"mask keeps {dens:.0%} of the tiles: dense mask, fused kernel")
     return Choice("tiled", f"structured mask: the tiled kernel visits {dens:.0%} of the tiles")
@@ -71,20 +65,20 @@ def choose(p: Problem, need_lse: bool) -> Choice:
 
 def _run_sdpa(p: Problem, need_lse: bool):
     if _sdpa_math(p, need_lse):
-        return math_backend.forward(p)  # the same numbers, with what the kernel can't do here
+        return plain.forward(p)  # the same numbers, with what the kernel can't do here
     return sdpa.forward(p, need_lse=need_lse)
 
 
 def _sdpa_math(p: Problem, need_lse: bool) -> bool:
     """Backend "sdpa" computes this call on the math path: softcap/ALiBi, or an lse the fused
     kernel can't return here."""
-    return p.has_modifiers or (need_lse and not _sdpa_lse_ok(p))
+    return p.has_modifiers or (need_lse and not fused_cpu.applies(p))
 
 
 #: backend name -> runner(problem, need_lse) -> (out, lse or None)
 RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
     "sdpa": _run_sdpa,
-    "math": lambda p, need_lse: math_backend.forward(p),
+    "math": lambda p, need_lse: plain.forward(p),
     "tiled": tiled.forward,
     "reference": lambda p, need_lse: numpy_ref.forward(p),
 }
@@ -100,7 +94,7 @@ def run(name: str, p: Problem, need_lse: bool):
     if name == "auto":
         name = choose(p, need_lse).backend
     if _empty(p):
-        return math_backend.forward(p)  # empty in, empty out: the same on every backend
+        return plain.forward(p)  # empty in, empty out: the same on every backend
     _check_budget(name, p, need_lse)
     p, bad = nonfinite.clean(p)
     out, lse = RUNNERS[name](p, need_lse)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.ops.scores import lse_for_exp
+
 FWD = "_scaled_dot_product_flash_attention_for_cpu"
 BWD = "_scaled_dot_product_flash_attention_for_cpu_backward"
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -83,6 +85,6 @@ def backward(dout, q, k, v, out, lse, *, scale: float, attn_mask=None, is_causal
     A row with lse -inf (nothing to attend) gets zero gradient.
     """
     q, k, v, out, dout = (laid_out(x) for x in (q, k, v, out, dout))
-    lse = torch.where(lse == float("-inf"), float("inf"), lse)  # dead rows: exp(s - inf) = 0
+    lse = lse_for_exp(lse)  # dead rows: +inf, so exp(s - lse) = 0
     return getattr(torch.ops.aten, BWD)(dout, q, k, v, out, lse, 0.0, is_causal,
                                         attn_mask=attn_mask, scale=scale)

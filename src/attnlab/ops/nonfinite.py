@@ -20,13 +20,13 @@ import dataclasses
 
 import torch
 
-from attnlab.ops.problem import Problem, _fit
+from attnlab.ops.problem import Problem
 
 #: entries of one (rows × poisoned columns) mask block evaluated at a time
 BLOCK_ENTRIES = 1 << 24
 
 
-def _all_finite(x: torch.Tensor) -> bool:
+def all_finite(x: torch.Tensor) -> bool:
     """No NaN/Inf in x, from one reduction (an overflowing sum only costs the exact check)."""
     return bool(torch.isfinite(x.detach().sum()))
 
@@ -37,7 +37,7 @@ def clean(p: Problem) -> tuple[Problem, torch.Tensor | None]:
         return p, None
     if p.key.numel() == 0 or p.value.numel() == 0 or p.query.numel() == 0:
         return p, None
-    if _all_finite(p.key) and _all_finite(p.value):
+    if all_finite(p.key) and all_finite(p.value):
         return dataclasses.replace(p, finite=True), None
     bad = ~(torch.isfinite(p.key.detach()).all(-1) & torch.isfinite(p.value.detach()).all(-1))
     if not bool(bad.any()):
@@ -68,22 +68,7 @@ def poisoned_rows(p: Problem, bad: torch.Tensor) -> torch.Tensor:
     step = max(1, BLOCK_ENTRIES // max(1, hit.numel()))
     for c0 in range(0, cols.numel(), step):
         c = cols[c0:c0 + step]
-        allowed = _allowed_at(p, c)  # (..., H|1, L|1, nc) or None: every pair may attend
+        allowed = p.allowed_at(cols=c)  # (..., H|1, L|1, nc) or None: every pair may attend
         b = bad[..., None, :].index_select(-1, c)  # (..., H, 1, nc)
         hit |= (b if allowed is None else allowed & b).any(-1)
     return hit
-
-
-def _allowed_at(p: Problem, cols: torch.Tensor) -> torch.Tensor | None:
-    """bool (..., H|1, L|1, nc): which rows may attend the key columns `cols`."""
-    d = p.dims
-    allowed = None
-    if p.structured is not None:
-        rows = torch.arange(d.L, device=cols.device)
-        allowed = _fit(p.structured.block(rows, cols, d.L, d.S), p.query.dim())  # (Bm, Hm, L, nc)
-    if p.attn_mask is not None:
-        m = p.attn_mask
-        m = m.index_select(-1, cols) if m.shape[-1] > 1 else m
-        m = m if m.dtype == torch.bool else m != float("-inf")
-        allowed = m if allowed is None else allowed & m
-    return allowed

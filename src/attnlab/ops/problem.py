@@ -2,12 +2,14 @@
 
 The public op folds SDPA's `attn_mask` and `is_causal` and attnlab's `mask=` into two things:
 `structured` (an attnlab Mask or None, what tiled kernels can reason about) and `attn_mask` (the
-user's dense bool/float tensor or None). Backends that want one dense matrix call `dense_masks`.
+user's dense bool/float tensor or None, its extra leading dims of size 1 already dropped).
+Backends that want one dense matrix call `dense_masks`; paths that need a few rows or columns
+call `allowed_at` and `bias_at`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +30,8 @@ class Problem:
     softcap: float | None = None  # scores -> softcap · tanh(scores / softcap), before any bias
     alibi_slopes: torch.Tensor | None = None  # (H,): adds slope_h · (j - i) to the scores
     finite: bool = False  # key and value are known to hold no NaN/Inf (checked once per call)
+    #: what a call derives once from its masks (the tiled plan), shared by copies of the Problem
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def has_modifiers(self) -> bool:
@@ -57,6 +61,39 @@ class Problem:
             else:
                 bias = self.attn_mask
         return allowed, bias
+
+
+    def allowed_at(self, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None):
+        """bool broadcastable to (..., H, R, C), or None when every pair may attend: which of the
+        query rows `rows` (R,) may attend the key columns `cols` (C,) under every mask of the call,
+        a float attn_mask's -inf entries included. None for rows/cols = all of them."""
+        allowed = None
+        if self.structured is not None:
+            d, dev = self.dims, self.query.device
+            r = torch.arange(d.L, device=dev) if rows is None else rows
+            c = torch.arange(d.S, device=dev) if cols is None else cols
+            allowed = _fit(self.structured.block(r, c, d.L, d.S), self.query.dim())  # (.., R, C)
+        if self.attn_mask is not None:
+            m = _at(self.attn_mask, rows, cols)
+            m = m if m.dtype == torch.bool else m != float("-inf")
+            allowed = m if allowed is None else allowed & m
+        return allowed
+
+    def bias_at(self, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None):
+        """The float attn_mask at rows × cols, broadcastable to (..., H, R, C), or None."""
+        m = self.attn_mask
+        if m is None or m.dtype == torch.bool:
+            return None
+        return _at(m, rows, cols)
+
+
+def _at(m: torch.Tensor, rows, cols) -> torch.Tensor:
+    """A (..., L|1, S|1) mask at rows × cols; a dim of size 1 stays broadcast."""
+    if rows is not None and m.shape[-2] > 1:
+        m = m.index_select(-2, rows)
+    if cols is not None and m.shape[-1] > 1:
+        m = m.index_select(-1, cols)
+    return m
 
 
 def merged_allowed(allowed: torch.Tensor | None, bias: torch.Tensor | None):

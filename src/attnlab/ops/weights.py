@@ -2,8 +2,14 @@
 
 A fast kernel never stores the (L, S) weights, but it can return the log-sum-exp of each query row.
 With it, any row of the weights is one dot-product pass away: w[i, j] = exp(s[i, j] - lse[i]),
-where s is the scaled, modified and masked score. Only the requested rows are computed, so asking
-for one row of a 64k-token attention costs one (1, S) score row per head.
+where s is the score of the one score pipeline (`ops.scores`: scaled, modified, masked). Only the
+requested rows are computed, and only the keys some requested row may attend are scored (a sliding
+window row scores its window), so one row of a 64k-token attention costs one short score row per
+head.
+
+`rows_of(problem, lse, rows)` is the internal entry: it takes a Problem already validated (its
+scale and masks, as the attention call used them), so a call that wants its output and weights
+(`ops.api.attention_with_weights`) validates once.
 
 Caution: these are the weights before dropout (dropout is random; the expectation is these).
 """
@@ -13,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.ops import budget
-from attnlab.ops.api import make_problem
-from attnlab.ops.math import accum_dtype
+from attnlab.ops import budget, scores
+from attnlab.ops.problem import Problem
+from attnlab.ops.validate import make_problem
 
 
 def attention_weights(
@@ -48,7 +54,11 @@ def attention_weights(
     """
     p = make_problem(query, key, None, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=mask,
                      softcap=softcap, alibi_slopes=alibi_slopes)
-    d = p.dims
+    check_lse(p, lse, query)
+    return rows_of(p, lse, row_indices(rows, p.dims.L, p.query.device))
+
+
+def check_lse(p: Problem, lse, query) -> None:
     want = tuple(p.query.shape[:-1])  # query's (..., H, L), batch broadcast with key's
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want:
         got = fmt_shape(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
@@ -56,71 +66,75 @@ def attention_weights(
             f"lse: expected (..., H, L) = {fmt_shape(want)} like query "
             f"{fmt_shape(query.shape)}, got {got}"
         )
-    query, key = p.query, p.key
-    idx = _rows(rows, d.L, query.device)
-    acc = accum_dtype(query.dtype)
-    scores = (*d.scores_shape[:-2], idx.numel(), d.S)
-    budget.check("rows", f"attention_weights for {idx.numel()} rows", scores,
-                 budget.entries(scores) * (3 * torch.empty((), dtype=acc).element_size() + 1),
-                 "ask for fewer rows at a time, e.g. rows=slice(0, 1024)")
-    if budget.entries(scores) == 0:
-        return torch.zeros(scores, dtype=acc, device=query.device)  # nothing to weigh
-    allowed = _allowed(p, idx)  # (..., H|1, R, S) or None
-    cols = torch.arange(d.S, device=query.device)
-    if allowed is not None and allowed.shape[-1] == d.S:
-        alive = allowed.reshape(-1, d.S).any(0)  # (S,): keys some requested row may attend
-        if 2 * int(alive.sum()) < d.S:  # e.g. a sliding window: score only those keys
-            cols = alive.nonzero().squeeze(1)
-            allowed = allowed[..., cols]
-    part = cols.numel() < d.S
-    k = key.index_select(-2, cols) if part else key  # (..., Hkv, S', D)
-    q = query[..., idx, :].to(acc)  # (..., H, R, D)
+
+
+def rows_of(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """(..., H, R, S) weights of the query rows idx (R,) int64 in [0, L), from the call's lse
+    (..., H, L): the internal entry for a Problem already validated (value is not read)."""
+    d, query = p.dims, p.query
+    acc = scores.accum_dtype(query.dtype)
     R = idx.numel()
+    shape = (*d.scores_shape[:-2], R, d.S)
+    budget.check("rows", f"attention_weights for {R} rows", shape,
+                 budget.entries(shape) * (3 * torch.empty((), dtype=acc).element_size() + 1),
+                 "ask for fewer rows at a time, e.g. rows=slice(0, 1024)")
+    if budget.entries(shape) == 0:
+        return torch.zeros(shape, dtype=acc, device=query.device)  # nothing to weigh
+    allowed = _allowed(p, idx)  # (..., H|1, R, S) or None: every key
+    keys, allowed = _needed_keys(allowed, d.S)  # slice(c0, c1) or (S',) indices; allowed too
+    every = isinstance(keys, slice) and keys == slice(None)
+    k = p.key[..., keys, :] if isinstance(keys, slice) else p.key.index_select(-2, keys)
+    q = query.index_select(-2, idx).to(acc)  # (..., H, R, D)
     if d.ndim > 2:  # stack grouped heads along the rows: k is never repeated
-        q = q.reshape(*d.batch, d.Hkv, d.groups * R, d.D)  # (..., Hkv, G·R, D)
-    s = q @ k.to(acc).transpose(-2, -1)  # (..., Hkv, G·R, D) @ (..., Hkv, D, S') -> (.., G·R, S')
+        q = q.reshape(*d.batch, d.Hkv, d.groups * R, d.D)  # (..., H, R, D) -> (..., Hkv, G·R, D)
+    s = scores.product(q, k.to(acc), p.scale)  # (.., Hkv, G·R, D) @ (.., Hkv, D, S') -> (.., S')
     if d.ndim > 2:
-        s = s.reshape(*d.batch, d.H, R, cols.numel())  # (..., H, R, S')
-    s = s * p.scale  # scaled after the product, as the kernels round it
-    if p.softcap is not None:
-        s = torch.tanh(s / p.softcap) * p.softcap
-    if p.alibi_slopes is not None:
-        rel = cols.to(acc)[None, :] - idx.to(acc)[:, None]  # (R, S'): j - i
-        slopes = p.alibi_slopes.to(acc)
-        s = s + (slopes[:, None, None] if d.ndim > 2 else slopes[0]) * rel
-    if p.attn_mask is not None and p.attn_mask.dtype != torch.bool:
-        b = p.attn_mask
-        b = b[..., idx, :] if b.shape[-2] > 1 else b
-        b = b[..., cols] if part and b.shape[-1] > 1 else b
-        s = s + b.to(acc)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    l = lse[..., idx].to(acc).unsqueeze(-1)  # (..., H, R, 1)
-    l = torch.where(l == float("-inf"), float("inf"), l)  # nothing to attend: weights 0
-    w = torch.exp(s - l)
-    if not part:
+        s = s.reshape(*d.batch, d.H, R, -1)  # (..., Hkv, G·R, S') -> (..., H, R, S')
+    cols = None  # (S',) global key positions, for ALiBi and a float attn_mask
+    if p.alibi_slopes is not None or p.bias_at() is not None:
+        every_col = torch.arange(d.S, device=idx.device)
+        cols = keys if isinstance(keys, torch.Tensor) else every_col[keys]
+    s, _ = scores.modify(s, softcap=p.softcap,
+                         slopes=scores.head_slopes(p.alibi_slopes, d.ndim, acc), rows=idx,
+                         cols=cols, bias=p.bias_at(idx, None if every else cols),
+                         allowed=allowed)
+    l = scores.lse_for_exp(lse.index_select(-1, idx).to(acc)).unsqueeze(-1)  # (..., H, R, 1)
+    w = torch.exp(s - l)  # (..., H, R, S')
+    if every:
         return w
-    out = w.new_zeros(*w.shape[:-1], d.S)
-    return out.index_copy_(-1, cols, w)  # unattended keys: weight exactly 0
+    out = w.new_zeros(*w.shape[:-1], d.S)  # keys no requested row attends: weight exactly 0
+    if isinstance(keys, slice):
+        out[..., keys] = w
+        return out
+    return out.index_copy_(-1, keys, w)
 
 
-def _allowed(p, idx: torch.Tensor) -> torch.Tensor | None:
-    """bool mask of the requested rows, broadcastable to (..., H, R, S)."""
-    allowed = None
-    if p.structured is not None:
-        cols = torch.arange(p.dims.S, device=idx.device)
-        allowed = p.structured.block(idx, cols, p.dims.L, p.dims.S)  # (Bm, Hm, R, S)
-        while allowed.dim() > max(p.dims.ndim, 2) and allowed.shape[0] == 1:
-            allowed = allowed[0]
-    if p.attn_mask is not None:
-        m = p.attn_mask
-        m = m[..., idx, :] if m.shape[-2] > 1 else m
-        m = m if m.dtype == torch.bool else m != float("-inf")
-        allowed = m if allowed is None else allowed & m
-    return allowed
+def _allowed(p: Problem, idx: torch.Tensor) -> torch.Tensor | None:
+    """bool mask of the requested rows, broadcastable to (..., H, R, S); None: every pair."""
+    return p.allowed_at(rows=idx)
 
 
-def _rows(rows, L: int, device) -> torch.Tensor:
+def _needed_keys(allowed: torch.Tensor | None, S: int):
+    """(keys, allowed at those keys): the key columns some requested row may attend, as a slice
+    (c0, c1) when they form one range (a view of k, no copy), else as an index tensor when that
+    skips at least half of them; slice(None) for all of them."""
+    if allowed is None or allowed.shape[-1] != S:  # no mask, or one broadcast over the keys
+        return slice(None), allowed
+    alive = allowed.reshape(-1, S).any(0)  # (S,)
+    nz = alive.nonzero()  # (n, 1), ascending
+    n = nz.shape[0]
+    if n == 0:
+        return slice(0, 0), allowed[..., :0]
+    c0, c1 = int(nz[0, 0]), int(nz[-1, 0]) + 1
+    if c1 - c0 == n or 2 * n >= S:  # one range, or too many keys for a gather to pay
+        if c1 - c0 == S:
+            return slice(None), allowed
+        return slice(c0, c1), allowed[..., c0:c1]
+    cols = nz[:, 0]
+    return cols, allowed.index_select(-1, cols)
+
+
+def row_indices(rows, L: int, device) -> torch.Tensor:
     """int64 (R,) row indices in [0, L) from None, an int, a slice or a 1-D sequence of ints."""
     if rows is None:
         return torch.arange(L, device=device)

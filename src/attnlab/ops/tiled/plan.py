@@ -8,12 +8,15 @@ Neighbouring tiles of the same kind merge into one chunk (capped in width so the
 chunk stay small), so a sliding window or a sorted document mask costs one or two batched matmuls
 per query block over (B·H).
 
-When the chunks go to PyTorch's fused kernel (`tiled_fused`), short mask-free runs fold into
+When the chunks go to PyTorch's fused kernel (`tiled.fused`), short mask-free runs fold into
 their masked neighbour (one call instead of two) and query blocks with identical mask-free chunks
 merge (a sorted document mask becomes one call per document).
 
 The classes are unions over the batch and head dims of the mask: a tile is skipped only when it is
 empty for every batch element and head, and is mask-free only when it is full for all of them.
+
+One call builds its plan once (`plan_for`, kept with the call's Problem): the "auto" choice reads
+its `density`, and the tiled kernel then runs the same plan.
 """
 
 from __future__ import annotations
@@ -44,13 +47,8 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Plan:
-    block_q: int
     rows: tuple[tuple[int, int, tuple[Chunk, ...]], ...]  # (q0, q1, chunks) per query block
-    visited: int  # number of (query, key) score entries computed, per batch element and head
-
-    @property
-    def chunks(self) -> int:
-        return sum(len(c) for _, _, c in self.rows)
+    density: float  # fraction of the (query-block, key-block) tiles visited (1.0 = dense work)
 
 
 def tile_classes(p: Problem, block_q: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +88,7 @@ def make_plan(p: Problem, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, *,
     heads = max(1, p.dims.H) * max(1, _batch(p))
     width = max(block_k, CHUNK_BYTES // (4 * heads * block_q) // block_k * block_k)
     kind = torch.where(nonempty, torch.where(maskfree, 2, 1), 0).tolist()  # 0 skip 1 mask 2 free
-    rows, visited = [], 0
+    rows = []
     for i, row in enumerate(kind):
         q0, q1 = i * block_q, min(L, (i + 1) * block_q)
         runs, col = [], 0
@@ -105,12 +103,12 @@ def make_plan(p: Problem, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, *,
         for lo, hi, masked in runs:
             step = hi - lo if fused and not masked else width
             chunks += [Chunk(c0, min(hi, c0 + step), masked) for c0 in range(lo, hi, step)]
-        visited += (q1 - q0) * sum(c.k1 - c.k0 for c in chunks)
         if fused and rows and rows[-1][2] == tuple(chunks) and not any(c.masked for c in chunks):
             rows[-1] = (rows[-1][0], q1, rows[-1][2])  # same free keys: one bigger call
         else:
             rows.append((q0, q1, tuple(chunks)))
-    return Plan(block_q=block_q, rows=tuple(rows), visited=visited)
+    density = float(nonempty.float().mean()) if nonempty.numel() else 0.0
+    return Plan(rows=tuple(rows), density=density)
 
 
 def _fold_short_free(runs: list) -> list:
@@ -127,10 +125,12 @@ def _fold_short_free(runs: list) -> list:
     return out
 
 
-def density(p: Problem, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> float:
-    """Fraction of the L×S tiles the plan visits (1.0 = dense work)."""
-    nonempty, _ = tile_classes(p, block_q, block_k)
-    return float(nonempty.float().mean()) if nonempty.numel() else 0.0
+def plan_for(p: Problem, fused: bool) -> Plan:
+    """The plan of this call, built on first use and kept with the Problem."""
+    key = ("tiled.plan", fused)
+    if key not in p.memo:
+        p.memo[key] = make_plan(p, fused=fused)
+    return p.memo[key]
 
 
 def _batch(p: Problem) -> int:

@@ -1,0 +1,104 @@
+"""The score pipeline: one order and one rule for every backend.
+
+Every path that computes attention scores (the math backend, the tiled kernel's pure-PyTorch chunks,
+`attention_weights`) computes them here, in this order, in the accumulation dtype:
+
+    s = (q @ kᵀ) · scale                # the product first, then the scale, as PyTorch's fused
+                                        # kernel rounds it (so its lse fits these scores)
+    s = softcap · tanh(s / softcap)     # Gemma 2's soft-capping, when softcap is set
+    s = s + slope_h · (j - i)           # ALiBi, when slopes are set
+    s = s + bias                        # SDPA's float attn_mask
+    s = -inf where a pair may not attend (structured masks and SDPA's bool attn_mask)
+
+Rows with nothing to attend (every score -inf) get weights 0, lse -inf, output 0 and gradient 0,
+never NaN: the row max that shifts the exponent is 0 for them (`exp_shift`), and weights
+recomputed from an lse use +inf in its place (`lse_for_exp`), so exp(s - lse) = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp16/bf16 accumulate in fp32; fp32 and fp64 stay as they are."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def product(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """(q @ kᵀ) · scale for q (..., M, D), k (..., N, D), both in the accumulation dtype."""
+    return (q @ k.transpose(-2, -1)) * scale  # (..., M, D) @ (..., D, N) -> (..., M, N)
+
+
+def modify(s: torch.Tensor, *, softcap: float | None = None, slopes: torch.Tensor | None = None,
+           rows: torch.Tensor | None = None, cols: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None, allowed: torch.Tensor | None = None):
+    """(scores, t) after the product: softcap, ALiBi, float bias, bool mask, in that order.
+
+    s: (..., R, C) scaled products. slopes: broadcastable to s's leading dims with two trailing
+    1s, e.g. (H, 1, 1); rows (R,) and cols (C,) are the global positions i and j (needed with
+    slopes). bias (float) and allowed (bool, True = may attend) broadcast to s.
+    t: tanh(raw / softcap), which the softcap's gradient needs (None without softcap).
+    In place on s unless autograd tracks it.
+    """
+    inplace = not (torch.is_grad_enabled() and s.requires_grad)
+    t = None
+    if softcap is not None:
+        t = torch.tanh(s / softcap)
+        s = t * softcap
+    if slopes is not None:
+        rel = cols.to(s.dtype)[None, :] - rows.to(s.dtype)[:, None]  # (R, C): j - i
+        s = _add(s, slopes * rel, inplace)  # (..., 1, 1) * (R, C) -> (..., R, C)
+    if bias is not None:
+        s = _add(s, bias.to(s.dtype), inplace)
+    if allowed is not None:
+        if inplace and _fits(s, allowed):
+            s = s.masked_fill_(~allowed, NEG_INF)
+        else:
+            s = s.masked_fill(~allowed, NEG_INF)
+    return s, t
+
+
+def _fits(s: torch.Tensor, x: torch.Tensor) -> bool:
+    """x broadcasts to s without growing it (so s can take the result in place)."""
+    return torch.broadcast_shapes(s.shape, x.shape) == s.shape
+
+
+def _add(s: torch.Tensor, x: torch.Tensor, inplace: bool) -> torch.Tensor:
+    return s.add_(x) if inplace and _fits(s, x) else s + x
+
+
+def exp_shift(m: torch.Tensor) -> torch.Tensor:
+    """The row max m as the shift of exp(s - shift): 0 where the row has no finite score, so a row
+    with nothing to attend computes exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN."""
+    return torch.where(torch.isfinite(m), m, 0.0)
+
+
+def lse_for_exp(lse: torch.Tensor) -> torch.Tensor:
+    """lse for weights exp(s - lse): +inf where it is -inf (nothing to attend), so they are 0."""
+    return torch.where(lse == NEG_INF, float("inf"), lse)
+
+
+def softmax(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, lse) of scores s (..., L, S) where -inf means masked; all-masked rows give 0, -inf.
+
+    The row max is detached: softmax and lse are shift-invariant, so the gradient is unchanged.
+    """
+    m = s.detach().amax(dim=-1, keepdim=True) if s.shape[-1] else s.new_zeros(*s.shape[:-1], 1)
+    m = exp_shift(m)  # (..., L, 1)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)  # (..., L, 1)
+    weights = e / torch.where(total > 0, total, torch.ones_like(total))
+    lse = (m + torch.log(total)).squeeze(-1)  # (..., L); log(0) = -inf for an all-masked row
+    return weights, lse
+
+
+def head_slopes(slopes: torch.Tensor | None, ndim: int, dtype) -> torch.Tensor | None:
+    """ALiBi slopes (H,) shaped to broadcast over (..., H, R, C) scores: (H, 1, 1), or a scalar
+    for a call without a head dim (2-D query)."""
+    if slopes is None:
+        return None
+    s = slopes.to(dtype)
+    return s[:, None, None] if ndim > 2 else s[0]  # (H,) -> (H, 1, 1)

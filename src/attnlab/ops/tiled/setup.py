@@ -1,0 +1,95 @@
+"""One call's inputs in the tiled kernels' layout (`Setup`), built once per call.
+
+The forward and the backward both read it: the flattened sizes, the scale and modifiers, the
+masks in their tiled form (a structured mask as is; SDPA's `attn_mask` as a 4-D (B|1, H|1, L|1,
+S|1) tensor), the plan, and the dropout seed the backward replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from attnlab.masks import Mask
+from attnlab.ops.nonfinite import all_finite
+from attnlab.ops.plain import accum_dtype
+from attnlab.ops.problem import Problem
+from attnlab.ops.tiled.plan import Plan, plan_for
+
+
+@dataclass
+class Setup:
+    """Everything needed to (re)compute any chunk of one call."""
+
+    B: int  # all batch dims flattened
+    Hkv: int
+    G: int  # query heads per key/value head
+    L: int
+    S: int
+    batch: tuple[int, ...]
+    scale: float
+    acc: torch.dtype
+    structured: Mask | None
+    bias: torch.Tensor | None  # attn_mask as (B|1, H|1, L|1, S|1), bool or float
+    softcap: float | None
+    slopes: torch.Tensor | None  # ALiBi slopes as (1, Hkv, G, 1, 1), accumulation dtype
+    dropout_p: float
+    seed: int
+    plan: Plan
+    fused: bool  # inner step on PyTorch's fused flash kernel (tiled.fused) instead of pure ops
+    finite: bool  # k and v hold no NaN/Inf: masked key columns need no zeroing
+    shift_invariant: bool = False  # the mask depends only on i - j (causal, sliding window)
+    cache: dict = field(default_factory=dict)  # chunk masks by diagonal offset and shape
+
+
+def make_setup(p: Problem, fused: bool) -> Setup:
+    d = p.dims
+    B = 1
+    for b in d.batch:
+        B *= b
+    acc = accum_dtype(p.query.dtype)
+    slopes = p.alibi_slopes
+    if slopes is not None:  # (H,) -> (1, Hkv, G, 1, 1), broadcast over the 5-D scores
+        slopes = slopes.detach().to(p.query.device, acc).reshape(1, d.Hkv, d.groups, 1, 1)
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if p.dropout_p > 0 else 0
+    return Setup(
+        B=B, Hkv=d.Hkv, G=d.groups, L=d.L, S=d.S, batch=d.batch, scale=p.scale, acc=acc,
+        structured=p.structured, bias=_bias4(p), softcap=p.softcap,
+        slopes=slopes, dropout_p=p.dropout_p, seed=seed, plan=plan_for(p, fused),
+        fused=fused,
+        finite=p.finite or (all_finite(p.key) and all_finite(p.value)),
+        shift_invariant=(p.attn_mask is None and p.structured is not None
+                         and p.structured.shift_invariant),
+    )
+
+
+def _bias4(p: Problem) -> torch.Tensor | None:
+    """SDPA's attn_mask as (B|1, H|1, L|1, S|1) with the batch dims flattened."""
+    m = p.attn_mask
+    if m is None:
+        return None
+    n = len(p.dims.scores_shape)  # m has at most n dims: the Problem dropped any extra ones
+    m = m.reshape((1,) * (n - m.dim()) + tuple(m.shape))  # (..., H|1, L|1, S|1), n dims
+    if p.dims.ndim == 2:
+        return m[None, None]  # (L|1, S|1) -> (1, 1, L|1, S|1)
+    nb = len(p.dims.batch)
+    if all(s == 1 for s in m.shape[:nb]):
+        return m.reshape(1, *m.shape[nb:])  # (1, ..., 1, H|1, L|1, S|1) -> (1, H|1, L|1, S|1)
+    # (..., H|1, L|1, S|1) -> (B, H|1, L|1, S|1): the batch dims flattened like q's
+    return m.expand(*p.dims.batch, *m.shape[nb:]).reshape(-1, *m.shape[nb:])
+
+
+def dropout_keep(st: Setup, gen: torch.Generator, shape, device) -> torch.Tensor:
+    """The survivors' multiplier (0 or 1/(1-p)); the backward replays the same generator."""
+    keep = torch.rand(shape, generator=gen, device=device) >= st.dropout_p
+    if st.dropout_p >= 1.0:  # every weight dropped (0/0 otherwise)
+        return keep.to(st.acc)
+    return keep.to(st.acc) / (1.0 - st.dropout_p)
+
+
+def generator(st: Setup, device) -> torch.Generator | None:
+    """The dropout generator of one pass (None without dropout); the backward gets the same."""
+    if st.dropout_p == 0:
+        return None
+    return torch.Generator(device=device).manual_seed(st.seed)
