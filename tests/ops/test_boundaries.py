@@ -13,11 +13,7 @@ import attnlab
 from attnlab import AttnlabError, masks
 from attnlab.ops import budget, dispatch, tiled
 from attnlab.ops.api import make_problem
-
-try:  # the tiled kernel's planner, wherever the package keeps it
-    from attnlab.ops.tiled.plan import BLOCK_K, MIN_FREE, make_plan
-except ImportError:
-    from attnlab.ops.tiled_plan import BLOCK_K, MIN_FREE, make_plan
+from attnlab.ops.tiled.plan import BLOCK_K, MIN_FREE, make_plan
 
 from helpers import assert_close, oracle, qkv
 

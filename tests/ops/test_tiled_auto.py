@@ -80,8 +80,14 @@ def test_auto_agrees_with_forced_backends(name):
 
 def test_bad_modifiers_are_rejected():
     q, k, v = qkv(1, 2, 2, 4, 4, 4)
-    with pytest.raises(AttnlabError, match="softcap"):
-        attnlab.attention(q, k, v, softcap=-1.0)
+    for bad in (-1.0, 0.0, float("inf"), float("nan"), "big"):
+        with pytest.raises(AttnlabError, match="softcap: expected a positive finite number"):
+            attnlab.attention(q, k, v, softcap=bad)
+    with pytest.raises(AttnlabError, match=r"alibi_slopes: expected a float tensor of shape "
+                                           r"\(H,\) = \(2,\), got list$"):
+        attnlab.attention(q, k, v, alibi_slopes=[0.5, 0.25])
+    with pytest.raises(AttnlabError, match=r"got Tensor torch.int64$"):
+        attnlab.attention(q, k, v, alibi_slopes=torch.tensor([1, 2]))
     with pytest.raises(AttnlabError, match=r"alibi_slopes: expected shape \(H,\) = \(2,\)"):
         attnlab.attention(q, k, v, alibi_slopes=torch.ones(3))
     with pytest.raises(AttnlabError, match="reference"):
