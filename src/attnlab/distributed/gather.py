@@ -41,7 +41,7 @@ def _sparse_gather(c: Call, k, v, phase: str):
     for s in range(c.world):
         if s == c.rank:
             continue
-        rows = c.geom.rows_needed(s, c.rank)
+        rows = c.geom.rows_needed(s, c.rank).to(k.device)
         if len(rows):  # (B, Hkv, m, D) -> rank s: the m keys its queries may attend
             ex.send(k.index_select(2, rows), s, TAG_K)
             ex.send(v.index_select(2, rows), s, TAG_V)
@@ -108,7 +108,7 @@ def _sparse_return(c: Call, grads, k, v):
             ex.send(grads[i][0], s, TAG_DK)
             ex.send(grads[i][1], s, TAG_DV)
             i += 1
-        rows = c.geom.rows_needed(s, c.rank)
+        rows = c.geom.rows_needed(s, c.rank).to(dk.device)
         if len(rows):  # (B, Hkv, m, D) fp32 <- rank s: grads of the keys it fetched from here
             gk = ex.recv(dk.new_empty(*dk.shape[:2], len(rows), dk.shape[-1]), s, TAG_DK)
             gv = ex.recv(dv.new_empty(*dv.shape[:2], len(rows), dv.shape[-1]), s, TAG_DV)

@@ -76,12 +76,13 @@ class RingAttention(torch.autograd.Function):
             if nxt is not None:
                 nxt[0].wait()
                 k_buf, v_buf = nxt[1], nxt[2]
+                # this step's accumulators travel on while the next step computes
                 acc_ex = Exchange(c.group, "backward")
-                nxt, prv = (c.rank + 1) % c.world, (c.rank - 1) % c.world
-                acc_ex.send(dk_b, nxt, TAG_DK)  # (B, Hkv, S/P, D) fp32 -> rank+1
-                acc_ex.send(dv_b, nxt, TAG_DV)  # (B, Hkv, S/P, Dv) fp32 -> rank+1
-                dk_acc = acc_ex.recv(torch.empty_like(dk_b), prv, TAG_DK)  # <- rank-1
-                dv_acc = acc_ex.recv(torch.empty_like(dv_b), prv, TAG_DV)
+                to, frm = (c.rank + 1) % c.world, (c.rank - 1) % c.world
+                acc_ex.send(dk_b, to, TAG_DK)  # (B, Hkv, S/P, D) fp32 -> rank+1
+                acc_ex.send(dv_b, to, TAG_DV)  # (B, Hkv, S/P, Dv) fp32 -> rank+1
+                dk_acc = acc_ex.recv(torch.empty_like(dk_b), frm, TAG_DK)  # <- rank-1
+                dv_acc = acc_ex.recv(torch.empty_like(dv_b), frm, TAG_DV)
                 acc_ex.post()
         if h > 0:  # dk_b, dv_b: the finished accumulators of shard (rank - h); send them home
             home = Exchange(c.group, "backward")
