@@ -53,17 +53,19 @@ def _flash_cpu(p: Problem, mask, is_causal):
     if mask is not None:
         mask = _as4(mask, q.shape)  # (B|1, H|1, L|1, S|1): broadcast dims stay unexpanded
     out, lse = fused_cpu.forward(q4, k4, v4, attn_mask=mask, is_causal=is_causal, scale=p.scale)
-    return out.reshape(*q.shape[:-1], p.dims.Dv), lse.reshape(q.shape[:-1])
+    out = out.reshape(*q.shape[:-1], p.dims.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
+    return out, lse.reshape(q.shape[:-1])  # (B, H, L) -> (..., H, L)
 
 
 def _as4(x: torch.Tensor, q_shape) -> torch.Tensor:
     """A tensor broadcastable to (..., H, L, X) (q_shape's dims) as 4-D (B|1, H|1, L|1, X) with
     the batch dims flattened; a mask's broadcast dims stay size 1 unless the batch needs them."""
     n = len(q_shape)
-    x = x.reshape((1,) * (n - x.dim()) + tuple(x.shape))
+    x = x.reshape((1,) * (n - x.dim()) + tuple(x.shape))  # leading 1s: n dims like q
     if n <= 4:
-        return x.reshape((1,) * (4 - n) + tuple(x.shape))
+        return x.reshape((1,) * (4 - n) + tuple(x.shape))  # (H|1, L|1, X) -> 4-D
     nb = n - 3
     if all(s == 1 for s in x.shape[:nb]):
-        return x.reshape(1, *x.shape[nb:])
-    return x.expand(*q_shape[:nb], *x.shape[nb:]).reshape(-1, *x.shape[nb:])
+        return x.reshape(1, *x.shape[nb:])  # (1, .., 1, H|1, L|1, X) -> (1, H|1, L|1, X)
+    x = x.expand(*q_shape[:nb], *x.shape[nb:])  # (.., H|1, L|1, X) -> (*batch, H|1, L|1, X)
+    return x.reshape(-1, *x.shape[nb:])  # -> (B, H|1, L|1, X)

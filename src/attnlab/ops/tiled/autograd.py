@@ -51,5 +51,5 @@ def forward(p: Problem, need_lse: bool = True, *, fused: bool | None = None):
     if st.fused:  # the layouts the fused kernel reads right, copied once rather than per chunk
         q, k, v = (fused_cpu.laid_out(x) for x in (q, k, v))
     out, lse = TiledAttention.apply(q, k, v, st)
-    # (B, H, L, Dv) -> (..., H, L, Dv); (B, H, L) -> (..., H, L)
-    return out.reshape(*p.query.shape[:-1], d.Dv), lse.reshape(p.query.shape[:-1])
+    out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
+    return out, lse.reshape(p.query.shape[:-1])  # (B, H, L) -> (..., H, L)

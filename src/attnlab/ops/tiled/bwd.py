@@ -31,7 +31,7 @@ def _bwd(st: Setup, q, k, v, out, lse, dout):
     G, D, Dv = st.G, q.shape[-1], v.shape[-1]
     q5 = q.reshape(st.B, st.Hkv, G, st.L, D)  # (B, H, L, D) -> (B, Hkv, G, L, D)
     out5 = out.reshape(st.B, st.Hkv, G, st.L, Dv)  # (B, H, L, Dv) -> (B, Hkv, G, L, Dv)
-    do5 = dout.reshape(st.B, st.Hkv, G, st.L, Dv)
+    do5 = dout.reshape(st.B, st.Hkv, G, st.L, Dv)  # (B, H, L, Dv) -> (B, Hkv, G, L, Dv)
     lse5 = lse.reshape(st.B, st.Hkv, G, st.L)  # (B, H, L) -> (B, Hkv, G, L)
     dq = torch.zeros(st.B, st.Hkv, G, st.L, D, dtype=q.dtype, device=q.device)
     dk = torch.zeros(st.B, st.Hkv, st.S, D, dtype=st.acc, device=q.device)
@@ -42,7 +42,8 @@ def _bwd(st: Setup, q, k, v, out, lse, dout):
         if chunks:
             g = rows(st, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen)
             dq[:, :, :, q0:q1] = g  # (B, Hkv, G, bq, D)
-    return dq.view(q.shape), dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)
+    dq = dq.view(q.shape)  # (B, Hkv, G, L, D) -> (B, H, L, D)
+    return dq, dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)  # (B, Hkv, S, D|Dv)
 
 
 def _pure_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen):
@@ -53,7 +54,7 @@ def _pure_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen
     dk3, dv3 = dk.view(N, st.S, D), dv.view(N, st.S, Dv)  # views: the adds below land in dk, dv
     qb = q_rows(st, q5, q0, q1)  # (N, G·bq, D)
     dob = do5[:, :, :, q0:q1].to(st.acc).reshape(N, G * bq, Dv)  # (B, Hkv, G, bq, Dv) -> 3-D
-    ob = out5[:, :, :, q0:q1].to(st.acc).reshape(N, G * bq, Dv)
+    ob = out5[:, :, :, q0:q1].to(st.acc).reshape(N, G * bq, Dv)  # -> (N, G·bq, Dv)
     delta = (dob * ob).sum(-1, keepdim=True)  # (N, G·bq, 1): rowsum(dO · out)
     lse_b = scores.lse_for_exp(lse5[:, :, :, q0:q1]).reshape(N, G * bq, 1)  # (.., bq) -> 3-D
     dqb = torch.zeros(N, G * bq, D, dtype=st.acc, device=qb.device)

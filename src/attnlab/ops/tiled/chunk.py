@@ -24,8 +24,8 @@ def _flat_batch(t: torch.Tensor, st: Setup) -> torch.Tensor:
     """A mask's (Bm, ...) with Bm in {1, batch[-1]} as (1 | B, ...) over the flattened batch."""
     if t.shape[0] == 1 or len(st.batch) <= 1:
         return t
-    # (Bm, Hm, bq, ck) -> (*batch, Hm, bq, ck) -> (B, Hm, bq, ck)
-    return t.expand(*st.batch, *t.shape[1:]).reshape(-1, *t.shape[1:])
+    t = t.expand(*st.batch, *t.shape[1:])  # (Bm, Hm, bq, ck) -> (*batch, Hm, bq, ck)
+    return t.reshape(-1, *t.shape[len(st.batch):])  # -> (B, Hm, bq, ck)
 
 
 def heads5(t: torch.Tensor, st: Setup) -> torch.Tensor:
@@ -75,7 +75,7 @@ def chunk_scores(st: Setup, qb: torch.Tensor, k: torch.Tensor, q0: int, q1: int,
                           softcap=st.softcap, slopes=st.slopes, rows=rows, cols=cols, bias=bias,
                           allowed=allowed)
     s = s5.view(N, st.G * bq, ck)  # (B, Hkv, G, bq, ck) -> (N, G·bq, ck)
-    return s, None if t is None else t.view(N, st.G * bq, ck)
+    return s, None if t is None else t.view(N, st.G * bq, ck)  # 5-D -> (N, G·bq, ck)
 
 
 def alive_columns(st: Setup, allowed: torch.Tensor) -> torch.Tensor:
@@ -84,5 +84,5 @@ def alive_columns(st: Setup, allowed: torch.Tensor) -> torch.Tensor:
     A column no row attends gets weight exactly 0, but 0 · NaN is NaN: its k and v are zeroed.
     """
     a = allowed.any(dim=-2).any(dim=2)  # (B|1, Hkv|1, G|1, bq, ck) -> (B|1, Hkv|1, ck)
-    a = a.expand(st.B, st.Hkv, a.shape[-1])
+    a = a.expand(st.B, st.Hkv, a.shape[-1])  # (B|1, Hkv|1, ck) -> (B, Hkv, ck)
     return a.reshape(st.B * st.Hkv, -1, 1)  # (B, Hkv, ck) -> (N, ck, 1)

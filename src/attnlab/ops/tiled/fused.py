@@ -49,8 +49,8 @@ def _chunk_inputs(st: Setup, k, v, q0, q1, ch, dtype):
     (Bb, Hb), bq, ck = bias.shape[:2], q1 - q0, ch.k1 - ch.k0  # a mask may broadcast rows/cols
     bias = bias.expand(Bb, Hb, st.G, bq, ck).reshape(Bb, Hb, st.G * bq, ck)  # (.., G·bq, ck)
     rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq|1)
-    # (B|1, Hkv|1, G|1, bq|1) -> (B|1, Hkv|1, G·bq), the rows as the kernel sees them
-    row_alive = rows.expand(*rows.shape[:2], st.G, bq).reshape(*rows.shape[:2], st.G * bq)
+    rows = rows.expand(*rows.shape[:2], st.G, bq)  # -> (B|1, Hkv|1, G, bq)
+    row_alive = rows.reshape(*rows.shape[:2], st.G * bq)  # -> (B|1, Hkv|1, G·bq), kernel rows
     if st.shift_invariant:
         st.cache[key] = (bias, row_alive)
     return kc, vc, bias, row_alive
@@ -73,8 +73,9 @@ def fwd_rows(st: Setup, q5, k, v, q0, q1, chunks, gen=None):
         wa, wb = torch.exp(lse - safe)[..., None], torch.exp(l - safe)[..., None]  # (.., G·bq, 1)
         out = out.to(wa.dtype) * wa + o.to(wa.dtype) * wb  # merged in fp32 for fp16/bf16
         lse = new
-    bq = q1 - q0  # (B, Hkv, G·bq, Dv) -> (B, Hkv, G, bq, Dv); (B, Hkv, G·bq) -> (.., G, bq)
-    return out.view(st.B, st.Hkv, st.G, bq, -1), lse.view(st.B, st.Hkv, st.G, bq)
+    bq = q1 - q0
+    out = out.view(st.B, st.Hkv, st.G, bq, -1)  # (B, Hkv, G·bq, Dv) -> (B, Hkv, G, bq, Dv)
+    return out, lse.view(st.B, st.Hkv, st.G, bq)  # (B, Hkv, G·bq) -> (B, Hkv, G, bq)
 
 
 def bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen=None):

@@ -26,7 +26,8 @@ from attnlab.ops.tiled.setup import Setup, dropout_keep, generator
 
 def q_rows(st: Setup, q5: torch.Tensor, q0: int, q1: int) -> torch.Tensor:
     """(B, Hkv, G, L, D) rows q0:q1 as (N, G·bq, D) in the accumulation dtype."""
-    return q5[:, :, :, q0:q1].to(st.acc).reshape(st.B * st.Hkv, st.G * (q1 - q0), -1)
+    qb = q5[:, :, :, q0:q1].to(st.acc)  # (B, Hkv, G, bq, D)
+    return qb.reshape(st.B * st.Hkv, st.G * (q1 - q0), -1)  # -> (N, G·bq, D)
 
 
 def _fwd(st: Setup, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -43,8 +44,8 @@ def _fwd(st: Setup, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
             o, lb = rows(st, q5, k, v, q0, q1, chunks, gen)  # (B, Hkv, G, bq, Dv), (.., G, bq)
             out[:, :, :, q0:q1] = o
             lse[:, :, :, q0:q1] = lb
-    # (B, Hkv, G, L, Dv) -> (B, H, L, Dv); (B, Hkv, G, L) -> (B, H, L)
-    return out.view(st.B, st.Hkv * G, st.L, Dv), lse.view(st.B, st.Hkv * G, st.L)
+    out = out.view(st.B, st.Hkv * G, st.L, Dv)  # (B, Hkv, G, L, Dv) -> (B, H, L, Dv)
+    return out, lse.view(st.B, st.Hkv * G, st.L)  # (B, Hkv, G, L) -> (B, H, L)
 
 
 def _pure_rows(st: Setup, q5, k, v, q0, q1, chunks, gen):
@@ -76,5 +77,5 @@ def _pure_rows(st: Setup, q5, k, v, q0, q1, chunks, gen):
         m = m_new
     out = acc / torch.where(l > 0, l, 1.0)
     lse = scores.exp_shift(m) + torch.log(l)  # (N, G·bq, 1); log(0) = -inf: nothing to attend
-    # (N, G·bq, Dv) -> (B, Hkv, G, bq, Dv); (N, G·bq, 1) -> (B, Hkv, G, bq)
-    return out.view(st.B, st.Hkv, st.G, bq, Dv), lse.view(st.B, st.Hkv, st.G, bq)
+    out = out.view(st.B, st.Hkv, st.G, bq, Dv)  # (N, G·bq, Dv) -> (B, Hkv, G, bq, Dv)
+    return out, lse.view(st.B, st.Hkv, st.G, bq)  # (N, G·bq, 1) -> (B, Hkv, G, bq)

@@ -64,12 +64,12 @@ def tile_classes(p: Problem, block_q: int, block_k: int) -> tuple[torch.Tensor, 
         m = p.attn_mask if p.attn_mask.dtype == torch.bool else p.attn_mask != float("-inf")
         m = m.detach().cpu()
         m = m.reshape(-1, *m.shape[-2:]) if m.dim() > 2 else m  # (Bm·Hm, L|1, S|1)
-        m = m.expand(*m.shape[:-2], L, S)
+        m = m.expand(*m.shape[:-2], L, S)  # (Bm·Hm, L|1, S|1) -> (Bm·Hm, L, S)
         sources.append(from_dense(m).tiles(L, S, block_q, block_k))
         if p.attn_mask.dtype != torch.bool:
             maskfree[:] = False  # a float bias is added on every visited tile
     for t in sources:
-        t = t.cpu().reshape(-1, nq, nk)
+        t = t.cpu().reshape(-1, nq, nk)  # (Bm, Hm, nQ, nK) -> (Bm·Hm, nQ, nK)
         nonempty &= (t != EMPTY).any(0)
         maskfree &= (t == FULL).all(0)
     return nonempty, maskfree

@@ -50,8 +50,9 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         B *= b
     acc = accum_dtype(p.query.dtype)
     slopes = p.alibi_slopes
-    if slopes is not None:  # (H,) -> (1, Hkv, G, 1, 1), broadcast over the 5-D scores
-        slopes = slopes.detach().to(p.query.device, acc).reshape(1, d.Hkv, d.groups, 1, 1)
+    if slopes is not None:  # broadcast over the 5-D scores (B, Hkv, G, bq, ck)
+        slopes = slopes.detach().to(p.query.device, acc)
+        slopes = slopes.reshape(1, d.Hkv, d.groups, 1, 1)  # (H,) -> (1, Hkv, G, 1, 1)
     seed = int(torch.randint(0, 2**62, (1,)).item()) if p.dropout_p > 0 else 0
     return Setup(
         B=B, Hkv=d.Hkv, G=d.groups, L=d.L, S=d.S, batch=d.batch, scale=p.scale, acc=acc,
@@ -76,8 +77,8 @@ def _bias4(p: Problem) -> torch.Tensor | None:
     nb = len(p.dims.batch)
     if all(s == 1 for s in m.shape[:nb]):
         return m.reshape(1, *m.shape[nb:])  # (1, ..., 1, H|1, L|1, S|1) -> (1, H|1, L|1, S|1)
-    # (..., H|1, L|1, S|1) -> (B, H|1, L|1, S|1): the batch dims flattened like q's
-    return m.expand(*p.dims.batch, *m.shape[nb:]).reshape(-1, *m.shape[nb:])
+    m = m.expand(*p.dims.batch, *m.shape[nb:])  # (..., H|1, L|1, S|1) -> (*batch, ...)
+    return m.reshape(-1, *m.shape[nb:])  # -> (B, H|1, L|1, S|1), batch flattened like q's
 
 
 def dropout_keep(st: Setup, gen: torch.Generator, shape, device) -> torch.Tensor:
