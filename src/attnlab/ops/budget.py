@@ -12,6 +12,7 @@ a path keeps alive at its peak (scores, masked scores, exponentials, weights, ma
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -21,6 +22,7 @@ ENV = "ATTNLAB_MAX_DENSE_BYTES"
 DEFAULT_CAP = 4 * 2**30
 
 
+@functools.cache
 def physical_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

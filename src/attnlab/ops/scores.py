@@ -63,7 +63,9 @@ def modify(s: torch.Tensor, *, softcap: float | None = None, slopes: torch.Tenso
 
 def _fits(s: torch.Tensor, x: torch.Tensor) -> bool:
     """x broadcasts to s without growing it (so s can take the result in place)."""
-    return torch.broadcast_shapes(s.shape, x.shape) == s.shape
+    if x.dim() > s.dim():
+        return False
+    return all(b in (1, a) for a, b in zip(s.shape[s.dim() - x.dim():], x.shape))
 
 
 def _add(s: torch.Tensor, x: torch.Tensor, inplace: bool) -> torch.Tensor:

@@ -140,6 +140,12 @@ def row_indices(rows, L: int, device) -> torch.Tensor:
         return torch.arange(L, device=device)
     if isinstance(rows, slice):
         return torch.arange(L, device=device)[rows]
+    if type(rows) is int or (type(rows) in (list, tuple) and all(type(r) is int for r in rows)):
+        ints = [rows] if type(rows) is int else list(rows)  # plain ints: checked without torch
+        if any(not -L <= r < L for r in ints):
+            raise AttnlabError(f"rows: indices must lie in [-{L}, {L}), got {ints}"[:200])
+        return torch.tensor([r + L if r < 0 else r for r in ints], dtype=torch.int64,
+                            device=device)
     what = "rows: expected an int, a slice or a 1-D sequence of ints"
     if isinstance(rows, (bool, str, bytes, set, frozenset, dict, float)):
         raise AttnlabError(f"{what}, got {type(rows).__name__} {rows!r}"[:200])
@@ -151,7 +157,7 @@ def row_indices(rows, L: int, device) -> torch.Tensor:
         raise AttnlabError(f"{what}, got {rows!r}"[:200]) from None
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.dim() > 1:
         raise AttnlabError(f"{what}, got {rows!r}"[:200])
-    t = t.reshape(-1).to(torch.int64)
+    t = t.reshape(-1).to(torch.int64)  # () or (R,) -> (R,)
     if t.numel() and (int(t.min()) < -L or int(t.max()) >= L):
         raise AttnlabError(f"rows: indices must lie in [-{L}, {L}), got {t.tolist()}"[:200])
     return torch.where(t < 0, t + L, t)
