@@ -56,10 +56,35 @@ def _scores(q, k, scale, softcap, allowed):
     return s, t
 
 
+_FUSED_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def _fused_ok(q, k, v, softcap, dlse) -> bool:
+    """PyTorch's CPU flash backward takes the global out and lse as they are; it knows no softcap,
+    no lse gradient and no grouped heads, and it wants equal head dims."""
+    return (_FUSED_BWD is not None and q.device.type == "cpu" and softcap is None
+            and q.shape[1] == k.shape[1] and q.shape[-1] == v.shape[-1]
+            and q.shape[2] > 0 and not bool(dlse.any()))
+
+
+def _fused_backward(q, k, v, allowed, scale, out, lse, dout):
+    bias = None
+    if allowed is not None:  # (Bm, Hm, Lb, Sb): 0 where allowed, -inf where masked
+        bias = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+    # a row that attends nothing (lse -inf) must weigh every key exp(-inf - (+inf)) = 0
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    dq, dk, dv = _FUSED_BWD(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
+                            out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=bias,
+                            scale=scale)
+    return dq, dk, dv
+
+
 def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
     """(dq (B, H, Lb, D), dk (B, Hkv, Sb, D), dv (B, Hkv, Sb, Dv)) of one block, given the rows'
     global out (B, H, Lb, Dv), lse (B, H, Lb) and their gradients dout, dlse."""
     q, k, v = _sanitize(q, k, v, allowed)
+    if _fused_ok(q, k, v, softcap, dlse):
+        return _fused_backward(q, k, v, allowed, scale, out, lse, dout)
     H, Hkv = q.shape[1], k.shape[1]
     s, t = _scores(q, k, scale, softcap, allowed)
     lse = lse[..., None]  # (B, H, Lb, 1)
