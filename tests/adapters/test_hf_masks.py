@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.adapters import hf
+from attnlab.adapters import hf, recording
 
 
 def _encoder():
@@ -67,3 +67,25 @@ def test_causal_decoder_with_position_bias_and_no_mask():
     assert w[..., future].abs().max().item() == 0.0
     torch.testing.assert_close(w, want_w, atol=1e-6, rtol=0)
     torch.testing.assert_close(out, want_out, atol=1e-5, rtol=0)
+
+
+def test_a_recording_reproduces_gqa_softcap_and_a_float_mask():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 5, 8, generator=g) * 3
+    k, v = (torch.randn(2, 2, 5, 8, generator=g) for _ in range(2))
+    mask = torch.zeros(2, 1, 5, 5)
+    mask[1, ..., 3:] = torch.finfo(torch.float32).min  # transformers' padding
+    mask[0, ..., 1] = 0.5  # and a finite bias the op adds
+    with recording.record() as calls:
+        _, w = hf.attnlab_attention_forward(_encoder(), q, k, v, mask, scaling=0.3, softcap=2.0,
+                                            output_attentions=True)
+    (c,) = calls
+    assert torch.equal(c.value, v.double().repeat_interleave(2, dim=-3))
+    assert torch.equal(c.key, k.double().repeat_interleave(2, dim=-3))
+    assert c.softcap == 2.0 and c.scale == 0.3
+    assert c.allowed.dtype == torch.bool and not c.allowed[1, ..., 3:].any()
+    s = 2.0 * torch.tanh(c.query @ c.key.transpose(-1, -2) * c.scale / 2.0)
+    s = s + (c.bias if c.bias is not None else 0)
+    want = torch.softmax(s.masked_fill(~c.allowed, float("-inf")), -1)
+    torch.testing.assert_close(c.weights, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(w.double(), want, atol=1e-6, rtol=0)
