@@ -1,7 +1,8 @@
 """The float64 oracle: attention in NumPy, one lesson step per line.
 
     compare   scores        = q · k                      (dot product of each query with each key)
-    scale     scaled        = scores * scale             (default 1/sqrt(D), cools the scores)
+    scale     scaled        = scores * scale             (default 1/sqrt(D), cools the scores;
+                                                          then softcap·tanh(scaled/softcap) if set)
     mask      masked        = scaled where allowed, else -inf  (+ a float bias if one is given)
     normalize weights       = softmax(masked)            (positive, each row sums to 1)
     borrow    output        = weights @ v                (the context vectors)
@@ -18,12 +19,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def steps(q, k, v, mask=None, scale=None, bias=None) -> dict[str, np.ndarray]:
+def steps(q, k, v, mask=None, scale=None, bias=None, softcap=None) -> dict[str, np.ndarray]:
     """Every intermediate of attention, float64.
 
     q: (..., H, L, D); k: (..., Hkv, S, D); v: (..., Hkv, S, Dv), where H is a multiple of Hkv.
     mask: bool, broadcastable to (..., H, L, S), True = may attend. bias: float, added to the scaled
-    scores (an SDPA float mask). Returns scores, scaled_scores, masked_scores, weights, output, lse.
+    scores (an SDPA float mask). softcap: a positive number, caps the scaled scores to
+    (-softcap, softcap) smoothly (Gemma 2), before the bias. Returns scores, scaled_scores (capped
+    when softcap is set), masked_scores, weights, output, lse.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     if q.ndim >= 3 and q.shape[-3] != k.shape[-3]:  # grouped-query attention: share k/v heads
@@ -46,6 +49,8 @@ def steps(q, k, v, mask=None, scale=None, bias=None) -> dict[str, np.ndarray]:
     scores = q @ np.swapaxes(k, -1, -2)  # (..., H, L, D) @ (..., H, D, S) -> (..., H, L, S)
     # 2. scale: keep the scores from growing with the head dim
     scaled = scores * scale
+    if softcap is not None:  # large scores squashed smoothly below the cap
+        scaled = float(softcap) * np.tanh(scaled / float(softcap))
     # 3. mask: forbidden pairs get -inf, which softmax turns into exactly 0
     masked = scaled if bias is None else scaled + np.asarray(bias, dtype=np.float64)
     masked = np.where(allowed, masked, -np.inf)

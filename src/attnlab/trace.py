@@ -90,13 +90,16 @@ def _as_array(name: str, x) -> np.ndarray:
     return a
 
 
-def trace(query, key, value, mask=None, scale=None, tokens=None, query_tokens=None) -> Trace:
+def trace(query, key, value, mask=None, scale=None, tokens=None, query_tokens=None, *,
+          bias=None, softcap=None) -> Trace:
     """Run attention in float64 and keep every intermediate.
 
     query (L, D) or (..., H, L, D); key (S, D) or (..., Hkv, S, D); value (S, Dv) or
     (..., Hkv, S, Dv). `mask`: an `attnlab.masks` Mask, or a bool array (True = may attend)
     broadcastable to the scores. `scale`: default 1/sqrt(D). `tokens`: labels of the S keys
-    (and of the queries when L == S).
+    (and of the queries when L == S). `softcap` (Gemma 2) caps the scaled scores and `bias`, a
+    float array broadcastable to the scores, is added after it, as `attnlab.attention` does;
+    `scaled_scores` then holds the capped scores and `masked_scores` includes the bias.
     """
     q, k, v = _as_array("query", query), _as_array("key", key), _as_array("value", value)
     if q.ndim != k.ndim or k.ndim != v.ndim:
@@ -114,7 +117,11 @@ def trace(query, key, value, mask=None, scale=None, tokens=None, query_tokens=No
         raise AttnlabError(f"tokens: expected {S} labels (one per key), got {len(tokens)}")
     if scale is not None and not np.isfinite(float(scale)):
         raise AttnlabError(f"scale: expected a finite number or None, got {scale!r}")
-    s = reference.steps(q, k, v, mask=dense, scale=scale)
+    if softcap is not None and not (np.isfinite(float(softcap)) and float(softcap) > 0):
+        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
+    if bias is not None:
+        bias = _as_array("bias", bias)  # (..., L, S)
+    s = reference.steps(q, k, v, mask=dense, scale=scale, bias=bias, softcap=softcap)
     used_scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
     return Trace(query=q, key=k, value=v, mask=dense, scale=used_scale, tokens=
                  None if tokens is None else [str(t) for t in tokens],

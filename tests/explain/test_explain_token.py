@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnlab import AttnlabError
-from attnlab.explain.capture import ModelAttention
+from attnlab.capture import ModelAttention
 from attnlab.explain.token import explain_token, find_word, positional_heads, rank_heads
 from attnlab.trace import trace
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab import AttnlabError
-from attnlab.explain.capture import ModelAttention
+from attnlab.capture import ModelAttention
 from attnlab.models import GPT, CharTokenizer, GPTConfig, capture_attention, generate
 
 

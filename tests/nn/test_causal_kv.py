@@ -63,7 +63,7 @@ def test_record_weights_are_causal_softmax_of_q_k():
         attn(torch.randn(1, 6, 48), record=record)
     (r,) = record
     q = r.query[0].double().numpy()  # (H, L, D)
-    k = r.key[0].double().repeat_interleave(2, dim=0).numpy()  # (Hkv, S, D) -> (H, S, D)
+    k = r.key[0].double().numpy()  # (H, S, D): k/v heads recorded per query head
     s = np.einsum("hid,hjd->hij", q, k) * r.scale
     s = np.where(np.tril(np.ones((6, 6), dtype=bool)), s, -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))

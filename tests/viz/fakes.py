@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnlab.explain.capture import ModelAttention
+from attnlab.capture import ModelAttention
 from attnlab.trace import trace
 
 XSS = "<img src=x onerror=alert(1)>"

@@ -204,4 +204,12 @@ def _record(module, query, key, value, masks, weights, causal, softcap) -> None:
         value=v, allowed=allowed.detach().cpu(), weights=weights.detach().double().cpu(),
         scale=float(scale), causal=causal,
         bias=None if bias is None else bias.detach().double().cpu(), softcap=softcap,
+        cross=_is_cross(module),
     ))
+
+
+def _is_cross(module) -> bool:
+    """Cross-attention, as far as the module says: GPT-2's is_cross_attention, BERT's (and its
+    relatives') *CrossAttention classes."""
+    flag = getattr(module, "is_cross_attention", None)
+    return bool(flag) if flag is not None else type(module).__name__.endswith("CrossAttention")

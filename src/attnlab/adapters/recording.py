@@ -4,9 +4,12 @@
     ...     model(**inputs)             # a model running on attnlab (see attnlab.adapters.hf)
     >>> calls[0].weights.shape          # (B, H, L, S), float64
 
-Recording is off unless a `record()` block is active in this thread/context, so a model running on
-attnlab pays nothing for it. Caution: every call keeps float64 copies of q, k, v and the weights
-on the CPU; record short texts.
+Each call is an `attnlab.capture.AttentionCall`, the record every model runner makes;
+`attnlab.capture.ModelAttention.from_calls(calls, tokens, model_name=...)` turns the calls of one
+text into every layer's attention. Recording is off unless a `record()` block is active in
+this thread/context, so a model running on attnlab pays nothing for it.
+Caution: every call keeps float64 copies of q, k, v and the weights on the CPU; record short
+texts.
 """
 
 from __future__ import annotations
@@ -14,32 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 
-import torch
+from attnlab.capture import AttentionCall
 
-
-@dataclass
-class AttentionCall:
-    """One attention call: per-head query (B, H, L, D), key (B, H, S, D), value (B, H, S, Dv)
-    (k/v heads repeated for GQA, queries before scaling), allowed (B, 1|H, L, S) bool (True = may
-    attend), weights (B, H, L, S) the softmax weights the model used; all float64 on the CPU.
-
-    The record reproduces the weights: s = query @ keyᵀ · scale, then softcap · tanh(s / softcap)
-    when `softcap` is set (Gemma 2), then + `bias` (B, 1|H, L, S) when set (T5's position bias,
-    a float mask), and softmax over the allowed keys (a row with none: all 0)."""
-
-    layer: int | None
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    allowed: torch.Tensor
-    weights: torch.Tensor
-    scale: float
-    causal: bool
-    bias: torch.Tensor | None = None
-    softcap: float | None = None
-
+__all__ = ["AttentionCall", "add", "record", "recording"]
 
 _ACTIVE: ContextVar[list[AttentionCall] | None] = ContextVar("attnlab_recording", default=None)
 

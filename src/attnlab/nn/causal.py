@@ -7,12 +7,11 @@ causal diagonal is aligned bottom-right: query i of the new tokens sees keys j <
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import nn
 
 from attnlab import masks
+from attnlab.capture import AttentionCall
 from attnlab.errors import AttnlabError, check_dropout
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.mha import _check_heads
@@ -20,15 +19,17 @@ from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.weights import attend
 
 
-class AttentionRecord(NamedTuple):
-    """What one attention layer computed: per-head q (B, H, L, D), k, v (B, Hkv, S, D) as
-    used (after rotary, with the cache), weights (B, H, L, S) or None, and the scale."""
-
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    weights: torch.Tensor | None
-    scale: float
+def _record(q, k, v, w, scale: float) -> AttentionCall:
+    """The record of one call: q, k, v as used (after rotary, with the cache), k/v heads repeated
+    per query head, and what each query may see (bottom-right causal; top-left when S == L)."""
+    B, H, L, _ = q.shape
+    S = k.shape[-2]
+    groups = H // k.shape[-3]
+    allowed = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L)  # (L, S)
+    k = k.repeat_interleave(groups, dim=-3)  # (B, Hkv, S, D) -> (B, H, S, D)
+    v = v.repeat_interleave(groups, dim=-3)
+    return AttentionCall(layer=None, query=q, key=k, value=v, allowed=allowed.expand(B, 1, L, S),
+                         weights=w, scale=scale, causal=True)
 
 
 class CausalSelfAttention(nn.Module):
@@ -57,7 +58,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
                 record: list | None = None) -> torch.Tensor:
         """(B, L, d_model) -> (B, L, d_model). With `cache`, x holds the tokens after the cached
-        ones; with `record` (a list), an AttentionRecord with the weights is appended."""
+        ones; with `record` (a list), an `attnlab.capture.AttentionCall` is appended."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise AttnlabError(f"x: expected (B, L, d_model={self.d_model}), got "
                                f"{tuple(x.shape)}")
@@ -74,7 +75,7 @@ class CausalSelfAttention(nn.Module):
         out, w, scale = attend(q, k, v, need_weights=record is not None, mask=mask,
                                is_causal=is_causal, dropout_p=p_drop, kernel=self.kernel)
         if record is not None:  # the weights and the scale of the one validated call
-            record.append(AttentionRecord(q, k, v, w, scale))
+            record.append(_record(q, k, v, w, scale))
         y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
         return self.out_proj(y)
 

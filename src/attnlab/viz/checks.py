@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.explain.capture import ModelAttention
+
+if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
+    from attnlab.capture import ModelAttention
+
+#: what viz reads of a ModelAttention
+_FIELDS = ("tokens", "weights", "mask", "scale", "model_name", "causal", "queries", "keys",
+           "values")
 
 
 def check_capture(ma: ModelAttention) -> tuple[int, int, int, int]:
     """Validate the shapes of a capture once, at the viz boundary; returns (layers, H, L, S)."""
-    if not isinstance(ma, ModelAttention):
+    if not all(hasattr(ma, name) for name in _FIELDS):  # by its fields: no import of capture
         raise AttnlabError(f"attention: expected a ModelAttention, got {type(ma).__name__}")
     w = np.asarray(ma.weights)
     if w.ndim != 4:

@@ -16,9 +16,12 @@ import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from attnlab.explain.capture import ModelAttention
 from attnlab.viz.payload import payload
+
+if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
+    from attnlab.capture import ModelAttention
 
 _APP_FORM = """<form id="ask" autocomplete="off">
 <input type="text" id="text" aria-label="sentence"

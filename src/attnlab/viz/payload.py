@@ -9,12 +9,15 @@ shows its distance to the model's weights.
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.explain.capture import ModelAttention
 from attnlab.viz.checks import check_capture
+
+if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
+    from attnlab.capture import ModelAttention
 
 
 def _b64(a: np.ndarray, dtype) -> str:

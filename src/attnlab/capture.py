@@ -1,0 +1,154 @@
+"""What a model's attention layers computed: the hand-off from any model runner to explain and viz.
+
+`AttentionCall` is the record of one attention call; every runner makes the same record (the
+transformers adapter inside `attnlab.adapters.recording.record()`, attnlab's
+`CausalSelfAttention(record=[])`). `ModelAttention.from_calls` turns the records of one run on
+one text into `ModelAttention`, which explain interprets and viz draws.
+
+Caution: imports nothing above it; the Jupyter hook imports `attnlab.viz` when it is called, and
+viz never imports this module at run time, so no import circle runs through the hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnlab.errors import AttnlabError
+from attnlab.trace import Trace, trace
+
+
+@dataclass
+class AttentionCall:
+    """One attention call: per-head query (B, H, L, D), key (B, H, S, D), value (B, H, S, Dv)
+    (k/v heads repeated for GQA, queries before scaling), allowed (B, 1|H, L, S) bool (True = may
+    attend), weights (B, H, L, S) the softmax weights the model used.
+
+    The record reproduces the weights: s = query @ keyᵀ · scale, then softcap · tanh(s / softcap)
+    when `softcap` is set (Gemma 2), then + `bias` (B, 1|H, L, S) when set (T5's position bias,
+    a float mask), and softmax over the allowed keys (a row with none: all 0).
+    `layer` is the model's layer index when the runner knows it; `cross` marks cross-attention
+    (keys from another sequence). The transformers adapter keeps float64 copies on the CPU;
+    attnlab's modules keep the tensors they computed with.
+    """
+
+    layer: int | None
+    query: Any
+    key: Any
+    value: Any
+    allowed: Any
+    weights: Any
+    scale: float
+    causal: bool
+    bias: Any | None = None
+    softcap: float | None = None
+    cross: bool = False
+
+
+def _numpy(x) -> np.ndarray:
+    """A tensor or array as a float64 (or bool) NumPy array on the CPU."""
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu()
+        x = (x.double() if x.is_floating_point() else x).numpy()
+    return np.asarray(x)
+
+
+def _first(x) -> np.ndarray:
+    """Batch element 0 of a recorded (B, ...) tensor, as NumPy."""
+    return _numpy(x[0])
+
+
+@dataclass
+class ModelAttention:
+    """Attention of every layer and head for one text (batch of one).
+
+    weights (layers, H, L, S) are the softmax weights the model used; queries (layers, H, L, D),
+    keys (layers, H, S, D) and values (layers, H, S, Dv) are per head, k/v heads repeated for GQA,
+    queries before scaling; mask (L, S) is True where some layer let query i attend key j, and
+    `layer_masks` (layers, L, S), when set, what each layer allowed (a model mixing sliding-window
+    and full layers). `softcap` (one per layer, None where a layer has none) and `bias` (layers,
+    H, L, S) float, when set, are what the scores went through before the softmax (see
+    `AttentionCall`).
+    """
+
+    tokens: list[str]
+    weights: np.ndarray
+    mask: np.ndarray
+    scale: float
+    model_name: str
+    causal: bool
+    queries: np.ndarray | None = None
+    keys: np.ndarray | None = None
+    values: np.ndarray | None = None
+    layer_masks: np.ndarray | None = None
+    softcap: list[float | None] | None = None
+    bias: np.ndarray | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.weights.shape[1]
+
+    def layer_mask(self, layer: int) -> np.ndarray:
+        """(L, S) bool: what `layer` let query i attend (True = may attend)."""
+        return self.mask if self.layer_masks is None else self.layer_masks[layer]
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the interactive page (head, model, step views) in a sandboxed iframe."""
+        from attnlab.viz.notebook import model_html
+
+        return model_html(self)
+
+    def head_trace(self, layer: int, head: int) -> Trace:
+        """Every step of one head (scores, scaled, masked, weights, output), in float64, with the
+        layer's own mask, softcap and bias."""
+        if self.queries is None or self.keys is None or self.values is None:
+            raise ValueError("head_trace needs queries, keys and values; this capture has none")
+        return trace(self.queries[layer, head], self.keys[layer, head], self.values[layer, head],
+                     mask=self.layer_mask(layer), scale=self.scale, tokens=self.tokens,
+                     softcap=None if self.softcap is None else self.softcap[layer],
+                     bias=None if self.bias is None else self.bias[layer, head])
+
+    @classmethod
+    def from_calls(cls, calls: Sequence[AttentionCall], tokens: Sequence[str], *,
+                   model_name: str) -> ModelAttention:
+        """The self-attention over `tokens` of every layer, from the records of one run.
+
+        Kept: calls that are not cross-attention and whose queries and keys are the text's
+        tokens (L = S = len(tokens)), batch element 0, in call order (one per layer). Each layer
+        keeps its own mask; softcaps and biases come along when any call has one.
+        """
+        n = len(tokens)
+        own = [c for c in calls
+               if not c.cross and c.query.shape[-2] == n and c.key.shape[-2] == n]
+        if not own:
+            raise AttnlabError(f"calls: none of {len(calls)} recorded attention calls is a "
+                               f"self-attention over the {n} tokens")
+        stack = lambda name: np.stack([_first(getattr(c, name)) for c in own])  # noqa: E731
+        weights = stack("weights")  # (layers, H, L, S)
+        H = weights.shape[1]
+        masks = np.stack([np.broadcast_to(_first(c.allowed).astype(bool), (H, n, n))[0]
+                          for c in own])  # (layers, L, S): one mask per layer, as the model had
+        union = masks.any(axis=0)
+        below = not np.triu(union, 1).any()
+        causal = below and (any(c.causal for c in own) or not union.all())
+        softcap = [c.softcap for c in own]
+        bias = None
+        if any(c.bias is not None for c in own):
+            bias = np.zeros(weights.shape)  # (layers, H, L, S)
+            for i, c in enumerate(own):
+                if c.bias is not None:
+                    bias[i] = np.broadcast_to(_first(c.bias), (H, n, n))
+        return cls(
+            tokens=[str(t) for t in tokens], weights=weights, mask=union,
+            scale=float(own[0].scale), model_name=model_name, causal=bool(causal),
+            queries=stack("query"), keys=stack("key"), values=stack("value"),
+            layer_masks=None if (masks == union).all() else masks,
+            softcap=None if all(s is None for s in softcap) else softcap, bias=bias,
+        )

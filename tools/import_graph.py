@@ -1,0 +1,170 @@
+"""The import graph of src/attnlab: circles, arrows against the layer order, largest files.
+
+    python tools/import_graph.py [SRC]            # SRC defaults to src/attnlab
+
+Layers, lowest first (a module may import only its own layer or lower ones):
+errors, formats < reference, masks, ops < distributed < trace, capture < nn
+< models, adapters, bench < explain < viz < cli.
+Imports inside a function run on use ("lazy"); they are listed apart, and a circle is reported
+both for import-time edges alone and with the lazy ones added. Importing a.b.c runs the package
+a.b's __init__ first, so that counts as an edge too when a.b lies in another area (the root
+package `attnlab` aside: it is the facade over all of them).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+LAYERS = [
+    ("errors", "formats"),
+    ("reference", "masks", "ops"),
+    ("distributed",),
+    ("trace", "capture"),
+    ("nn",),
+    ("models", "adapters", "bench"),
+    ("explain",),
+    ("viz",),
+    ("cli", "__main__"),
+]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def modules(src: Path) -> dict[str, Path]:
+    out = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = list(path.relative_to(src.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imports(name: str, path: Path, known: set[str]):
+    """(target, lazy) for every attnlab module `name` imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+
+    def visit(node, lazy: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                continue
+            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, lazy) for a in child.names if a.name.startswith("attnlab"))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1]
+                                    + ([base] if base else []))
+                if not base.startswith("attnlab"):
+                    continue
+                for a in child.names:
+                    sub = f"{base}.{a.name}"
+                    found.append((sub if sub in known else base, lazy))
+            visit(child, inner)
+
+    visit(tree, False)
+    return [(t, lazy) for t, lazy in found if t != name]
+
+
+def area(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "attnlab"
+
+
+def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan, iterative enough)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(10000)
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def main(src: Path) -> None:
+    mods = modules(src)
+    known = set(mods)
+    eager, lazy, direct = defaultdict(set), defaultdict(set), set()
+    for name, path in mods.items():
+        eager[name]
+        lazy[name]
+        for target, is_lazy in imports(name, path, known):
+            (lazy if is_lazy else eager)[name].add(target)
+            direct.add((name, target))
+            # importing a.b.c runs a.b's __init__ first: an edge when a.b is another area
+            parts = target.split(".")
+            for i in range(2, len(parts)):
+                parent = ".".join(parts[:i])
+                if parent in known and area(parent) != area(name):
+                    (lazy if is_lazy else eager)[name].add(parent)
+    both = {v: eager[v] | lazy[v] for v in mods}
+    print(f"modules: {len(mods)}")
+    for label, g in (("import-time", eager), ("import-time + lazy", both)):
+        comps = sccs(g)
+        print(f"\ncircles between modules ({label} edges): {len(comps)}")
+        for comp in comps:
+            print("  " + " <-> ".join(comp))
+    areas = defaultdict(set)
+    for v in mods:
+        areas[area(v)]
+        for w in both[v]:
+            if area(v) != area(w):
+                areas[area(v)].add(area(w))
+    comps = sccs(areas)
+    print(f"\ncircles between areas (import-time + lazy edges): {len(comps)}")
+    for comp in comps:
+        print("  " + " <-> ".join(comp))
+    print("\narrows against the layer order (importer -> imported):")
+    n = 0
+    for v in sorted(mods):
+        for w, kind in sorted([(w, "") for w in eager[v]] + [(w, " (lazy)") for w in lazy[v]]):
+            a, b = area(v), area(w)
+            if (v, w) in direct and a in RANK and b in RANK and RANK[b] > RANK[a]:
+                print(f"  {v} -> {w}{kind}")
+                n += 1
+    print(f"  total: {n}")
+    print("\narea -> areas it imports (import-time or lazy):")
+    for a in sorted(areas, key=lambda a: (RANK.get(a, -1), a)):
+        print(f"  {a:<12} -> {', '.join(sorted(areas[a], key=lambda b: (RANK.get(b, -1), b)))}")
+    sizes = sorted(((len(p.read_text(encoding='utf-8').splitlines()), n) for n, p in mods.items()),
+                   reverse=True)
+    print("\nlargest files (lines): " + ", ".join(f"{n} {lines}" for lines, n in sizes[:6]))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "src/attnlab"))
