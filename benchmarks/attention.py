@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/attention.py --L 1024 4096 16384 --dtypes fp32
 
 Same engine and flags as `attnlab bench` (see `attnlab bench --help`); the configs, timing and
-memory method live in `attnlab.cli._bench_run`.
+memory method live in `attnlab.bench`.
 """
 
 import sys

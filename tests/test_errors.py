@@ -77,3 +77,12 @@ def test_trace_errors():
         attnlab.trace([[1, 2]], [[1, 2]], [[1, 2]], tokens=["a", "b"])
     with pytest.raises(AttnlabError, match=r"query: expected numbers"):
         attnlab.trace([["a", "b"]], [[1, 2]], [[1, 2]])
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, True, "3", None])
+def test_check_positive_int_names_the_parameter(value):
+    from attnlab.errors import check_positive_int
+
+    with pytest.raises(AttnlabError, match=r"^max_length: expected a positive int, got "):
+        check_positive_int("max_length", value)
+    assert check_positive_int("max_length", 7) == 7

@@ -167,6 +167,13 @@ def check_dropout(dropout_p) -> float:
     return p
 
 
+def check_positive_int(name: str, value) -> int:
+    """`value` when it is an int >= 1 (not a bool), else AttnlabError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AttnlabError(f"{name}: expected a positive int, got {value!r}")
+    return value
+
+
 def check_scale(scale, D: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(D) if D > 0 else 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.cli import _bench_run as br
+from attnlab.bench import engine as br
 from attnlab.cli import main
 
 

@@ -49,9 +49,9 @@ def test_layer_head_and_index(capsys):
 
 @pytest.mark.parametrize("args, expected", [
     (["--token", "dog"], "token 'dog': not in the text; its tokens are 0:[CLS] 1:the 2:cat"),
-    (["--token", "it", "--model", "/no/such/dir"], "--model /no/such/dir: no such directory"),
+    (["--token", "it", "--model", "/no/such/dir"], "error: model /no/such/dir: no such directory"),
     (["--token", "it", "--model", "someone/some-model"], "no local copy of a hub model"),
-    (["--token", "it", "--layer", "6", "--head", "0"], "--layer 6: out of range"),
+    (["--token", "it", "--layer", "6", "--head", "0"], "error: layer 6: out of range"),
 ])
 def test_errors_are_one_line(capsys, args, expected):
     rc, out, err = run(capsys, SENTENCE, *args)

@@ -82,7 +82,7 @@ def test_target_and_explicit_head():
                                                                            total.shape)
     r = explain_token(att, "it", layer=1, head=2)
     assert (r["detail"]["layer"], r["detail"]["head"]) == (1, 2)
-    with pytest.raises(AttnlabError, match="--head 3: out of range"):
+    with pytest.raises(AttnlabError, match=r"^head 3: out of range"):
         explain_token(att, "it", layer=1, head=3)
     with pytest.raises(AttnlabError, match="give both"):
         explain_token(att, "it", layer=1)

@@ -18,7 +18,7 @@ QUICK = {"L": [1024], "masks": ["full", "causal", "sliding256", "document8"], "d
 
 
 def add_parser(sub):
-    from attnlab.cli._bench_run import DTYPES, MASKS, MODES, PEERS
+    from attnlab.bench.case import DTYPES, MASKS, MODES, PEERS
 
     p = sub.add_parser("bench", help="benchmark attention against PyTorch SDPA and FlexAttention",
                        description=__doc__)
@@ -41,7 +41,7 @@ def add_parser(sub):
 def run(args) -> int:
     import torch
 
-    from attnlab.cli import _bench_run as br
+    from attnlab.bench import engine as br
     from attnlab.errors import AttnlabError
 
     if args.quick:

@@ -24,7 +24,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from attnlab.cli.explain import quiet_transformers
+    from attnlab.adapters.quiet import quiet_transformers
     from attnlab.errors import AttnlabError
     from attnlab.explain.model import run_model
     from attnlab.viz.figures import FORMATS, save_plot

@@ -31,7 +31,7 @@ def add_parser(sub):
 def run(args) -> int:
     from pathlib import Path
 
-    from attnlab.cli.explain import quiet_transformers
+    from attnlab.adapters.quiet import quiet_transformers
     from attnlab.errors import AttnlabError
     from attnlab.explain.model import DEFAULT_MODEL
     from attnlab.viz.app import Models, is_loopback, make_server

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnlab.formats import pct, vec
 from attnlab.trace import trace
 
 FIRST = "Attention Mechanisms: First Intuition"
 MATH = "Attention Mechanisms: Why the Math Looks Like This"
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def _vec(v) -> str:
-    return "[" + ", ".join(f"{x:.3g}" for x in v) + "]"
-
-
 def _recipe(tokens, weights) -> str:
-    return " + ".join(f"{_pct(w)} {t}" for t, w in zip(tokens, weights))
+    return " + ".join(f"{pct(w, 0)} {t}" for t, w in zip(tokens, weights))
 
 
 def _direction(query) -> dict:
@@ -82,31 +75,31 @@ def section_check(s: dict) -> dict:
     qa = [
         (FIRST, "Why does the word it need attention in the cat example?",
          f'Alone, "it" is unclear. Its query scores highest with {best} ({cat["arithmetic"]}), '
-         f"so after softmax it borrows {_pct(w[ib])} of its new meaning from {best}.",
+         f"so after softmax it borrows {pct(w[ib], 0)} of its new meaning from {best}.",
          {"best_match": best, "score": cat["score"], "weight": w[ib]}),
         (FIRST, "What are attention weights like in plain language?",
-         f"Percentages of focus: {_recipe(toks, w)} = {_pct(sum(w))}.",
+         f"Percentages of focus: {_recipe(toks, w)} = {pct(sum(w), 0)}.",
          {"weights": w}),
         (FIRST, "What is a context vector?",
-         f'The updated "it" after borrowing: {_vec(ctx)}, i.e. {_pct(ctx[0])} '
-         f'"{borrow["value_meaning"][0]}" and {_pct(ctx[1])} "{borrow["value_meaning"][1]}".',
+         f'The updated "it" after borrowing: {vec(ctx)}, i.e. {pct(ctx[0], 0)} '
+         f'"{borrow["value_meaning"][0]}" and {pct(ctx[1], 0)} "{borrow["value_meaning"][1]}".',
          {"context": ctx}),
         (FIRST, "What do query, key, and value mean?",
-         f'Query = what "it" looks for {_vec(cmp_["query"])}; key = what {best} can be matched '
-         f'by {_vec(cat["key"])}; value = what {best} gives {_vec(borrow["shares"][ib]["value"])}.',
+         f'Query = what "it" looks for {vec(cmp_["query"])}; key = what {best} can be matched '
+         f'by {vec(cat["key"])}; value = what {best} gives {vec(borrow["shares"][ib]["value"])}.',
          {"query": cmp_["query"], "key": cat["key"], "value": borrow["shares"][ib]["value"]}),
         (FIRST, "What does causal masking prevent?",
          f"Looking at future tokens: the weights on later tokens add up to {future:g}; "
-         f'"{causal["tokens"][0]}" can only look at itself ({_pct(causal["weights"][0][0])}).',
+         f'"{causal["tokens"][0]}" can only look at itself ({pct(causal["weights"][0][0], 0)}).',
          {"future_weight": future}),
         (FIRST, "What is multi-head attention?",
          "Several attention heads at once, each with its own projections: "
-         + "; ".join(f'head {h["name"]} sends "it" {_pct(h["top_weight"])} to {h["top_token"]}'
+         + "; ".join(f'head {h["name"]} sends "it" {pct(h["top_weight"], 0)} to {h["top_token"]}'
                      for h in hs) + ".",
          {"heads": {h["name"]: [h["top_token"], h["top_weight"]] for h in hs}}),
         (MATH, "If two vectors point in a similar direction, should their dot product be high or "
          "low?",
-         "High: " + ", ".join(f'{_vec(cmp_["query"])}·{_vec(d["vector"])} = {d["dot"]:g} ({n})'
+         "High: " + ", ".join(f'{vec(cmp_["query"])}·{vec(d["vector"])} = {d["dot"]:g} ({n})'
                               for n, d in direction.items()) + ".",
          direction),
         (MATH, "Why should attention weights add up to 1?",
@@ -116,25 +109,25 @@ def section_check(s: dict) -> dict:
         (MATH, "Which pair decides the score: query-key, query-value, or key-value?",
          f"Query-key. Multiplying the values by 10 and shuffling them changes the weights by "
          f'{values["max_change_from_values"]:g}; turning the cat key around moves cat from '
-         f'{_pct(values["weights"][0])} to {_pct(values["weights_cat_key_reversed"][0])}.',
+         f'{pct(values["weights"][0], 0)} to {pct(values["weights_cat_key_reversed"][0], 0)}.',
          values),
         (MATH, "What does softmax do to raw attention scores?",
          f'Makes them positive weights summing to 1, stronger scores getting more: scores '
-         f'{_vec(divide["scores"])} become {", ".join(_pct(x) for x in divide["softmax"])}, '
-         f'where dividing by the total gave {", ".join(_pct(x) for x in divide["divided"])}.',
+         f'{vec(divide["scores"])} become {", ".join(pct(x, 0) for x in divide["softmax"])}, '
+         f'where dividing by the total gave {", ".join(pct(x, 0) for x in divide["divided"])}.',
          {"softmax": divide["softmax"], "divided": divide["divided"]}),
         (MATH, "What gets mixed to create the context vector?",
          "The value vectors, weighted: " + " + ".join(
-             f'{sh["weight"]:.3f}*{_vec(sh["value"])}' for sh in borrow["shares"])
-         + f" = {_vec(ctx)}.",
+             f'{sh["weight"]:.3f}*{vec(sh["value"])}' for sh in borrow["shares"])
+         + f" = {vec(ctx)}.",
          {"context": ctx}),
         (MATH, "Why are scores scaled before softmax?",
          "Dot products grow with the vector size: for random vectors the scores spread "
          + ", ".join(f'{v["raw_std"]:.1f} in {d} dims' for d, v in scaling["std"].items())
          + "; divided by sqrt(D) they spread "
          + ", ".join(f'{v["scaled_std"]:.2f}' for v in scaling["std"].values())
-         + f'. Unscaled, three 64-dim keys gave the top one {_pct(scaling["top_weight_raw"])}; '
-         f'scaled, {_pct(scaling["top_weight_scaled"])}.',
+         + f'. Unscaled, three 64-dim keys gave the top one {pct(scaling["top_weight_raw"], 0)}; '
+         f'scaled, {pct(scaling["top_weight_scaled"], 0)}.',
          scaling),
     ]
     return {"name": "check", "title": "Check yourself: the lessons' questions, answered with "

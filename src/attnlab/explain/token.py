@@ -185,10 +185,10 @@ def head_detail(att: ModelAttention, focus: int, layer: int, head: int, top: int
 
 def _check_head(att: ModelAttention, layer: int, head: int) -> None:
     if not 0 <= layer < att.n_layers:
-        raise AttnlabError(f"--layer {layer}: out of range, {att.model_name} has layers "
+        raise AttnlabError(f"layer {layer}: out of range, {att.model_name} has layers "
                            f"0..{att.n_layers - 1}")
     if not 0 <= head < att.n_heads:
-        raise AttnlabError(f"--head {head}: out of range, {att.model_name} has heads "
+        raise AttnlabError(f"head {head}: out of range, {att.model_name} has heads "
                            f"0..{att.n_heads - 1}")
 
 
@@ -202,7 +202,7 @@ def explain_token(att: ModelAttention, word: str | int, *, target: str | int | N
     out of the ranking.
     """
     if (layer is None) != (head is None):
-        raise AttnlabError("--layer and --head: give both (0-based) or neither")
+        raise AttnlabError("layer and head: give both (0-based) or neither")
     pieces = find_word(att.tokens, word)
     focus = focus_of(att, pieces)
     ranking = rank_heads(att, focus, special)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from attnlab.errors import AttnlabError, check_dropout
+from attnlab.errors import AttnlabError, check_dropout, check_positive_int
 
 #: name -> {"model": GPTConfig fields, "train": TrainConfig fields}
 PRESETS: dict[str, dict[str, dict]] = {
@@ -41,11 +41,6 @@ def _preset(name: str) -> dict:
     return PRESETS[name]
 
 
-def _positive(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
-
-
 @dataclass
 class GPTConfig:
     """Model sizes. head_dim is derived; n_kv_head defaults to n_head (plain multi-head)."""
@@ -67,7 +62,7 @@ class GPTConfig:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
-            _positive(f, getattr(self, f))
+            check_positive_int(f, getattr(self, f))
         if self.n_embd % self.n_head:
             raise AttnlabError(f"n_head: n_embd {self.n_embd} is not divisible by n_head "
                                f"{self.n_head}")
@@ -115,7 +110,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for f in ("max_steps", "batch_size", "eval_interval", "eval_batches"):
-            _positive(f, getattr(self, f))
+            check_positive_int(f, getattr(self, f))
         if self.warmup_steps < 0:
             raise AttnlabError(f"warmup_steps: expected >= 0, got {self.warmup_steps!r}")
         if not 0 < self.min_lr <= self.lr:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.errors import AttnlabError, fmt_shape
+from attnlab.errors import AttnlabError, check_positive_int, fmt_shape
 
 
 class KVCache:
@@ -19,8 +19,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device=None):
         for name, v in (("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
                         ("max_length", max_length), ("head_dim", head_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
+            check_positive_int(name, v)
         shape = (batch_size, n_kv_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)

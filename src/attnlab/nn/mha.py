@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlab.errors import AttnlabError, check_dropout, fmt_shape
+from attnlab.errors import AttnlabError, check_dropout, check_positive_int, fmt_shape
 from attnlab.nn.weights import attend
 
 
@@ -156,8 +156,7 @@ class MultiHeadAttention(nn.Module):
 def _check_heads(embed_dim, num_heads, num_kv_heads):
     for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads),
                     ("num_kv_heads", num_kv_heads)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
+        check_positive_int(name, v)
     if embed_dim % num_heads:
         raise AttnlabError(f"num_heads: embed_dim {embed_dim} is not divisible by num_heads "
                            f"{num_heads}")

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-
-def pct(x: float) -> str:
-    return f"{100 * x:5.1f}%"
-
-
-def _vec(v) -> str:
-    return "[" + ", ".join(f"{x:.3g}" for x in v) + "]"
+from attnlab.formats import pct, vec
 
 
 def _compare(s) -> list[str]:
-    lines = [f'query for "{s["query_token"]}" = {_vec(s["query"])}']
+    lines = [f'query for "{s["query_token"]}" = {vec(s["query"])}']
     for r in s["rows"]:
-        lines.append(f'  key for {r["token"]!r:<10} = {_vec(r["key"]):<8}  '
+        lines.append(f'  key for {r["token"]!r:<10} = {vec(r["key"]):<8}  '
                      f'score = {r["arithmetic"]}')
     lines.append(f'Highest score: {s["best_match"]} (the best match, nothing borrowed yet).')
     return lines
 
 
 def _divide(s) -> list[str]:
-    lines = [f'scores {_vec(s["scores"])}, total {s["total"]:g}']
+    lines = [f'scores {vec(s["scores"])}, total {s["total"]:g}']
     lines.append("  divided by the total: " + ", ".join(pct(x) for x in s["divided"]))
     lines.append("  softmax instead:      " + ", ".join(pct(x) for x in s["softmax"]))
     lines.append(f'Problem: {s["problem"]}; softmax keeps every weight positive, summing to 100%.')
@@ -41,9 +35,9 @@ def _softmax(s) -> list[str]:
 def _borrow(s) -> list[str]:
     lines = [f'value dims mean: {", ".join(s["value_meaning"])}']
     for sh in s["shares"]:
-        lines.append(f'  {pct(sh["weight"])} of {sh["token"]:<8} value {_vec(sh["value"]):<11}'
-                     f' -> {_vec(sh["contribution"])}')
-    lines.append(f'context vector for "it" = {_vec(s["context"])}  (mostly cat information)')
+        lines.append(f'  {pct(sh["weight"])} of {sh["token"]:<8} value {vec(sh["value"]):<11}'
+                     f' -> {vec(sh["contribution"])}')
+    lines.append(f'context vector for "it" = {vec(s["context"])}  (mostly cat information)')
     return lines
 
 
@@ -68,7 +62,7 @@ def _heads(s) -> list[str]:
         used_k = [f for f, row in zip(feats, h["w_k"]) if any(row)]
         lines.append(f'head {h["name"]:<7} looks for {h["looks_for"]}: query from '
                      f'{" + ".join(used_q)}, keys from {" + ".join(used_k)}')
-        lines.append(f'  query for "{s["query_token"]}" = {_vec(h["query"])}; scores '
+        lines.append(f'  query for "{s["query_token"]}" = {vec(h["query"])}; scores '
                      + ", ".join(f"{t} {x:g}" for t, x in zip(toks, h["scores"])))
         lines.append("  weights " + ", ".join(f"{t} {pct(w).strip()}"
                                                 for t, w in zip(toks, h["weights"])))

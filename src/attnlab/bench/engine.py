@@ -15,55 +15,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-MASKS = ("full", "causal", "sliding256", "document8")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-MODES = ("fwd", "fwd+bwd")
-PEERS = ("sdpa", "naive", "flex")
+from attnlab.bench.case import DTYPES, MASKS, MODES, PEERS, Case, Result
 
+__all__ = ["DTYPES", "MASKS", "MODES", "PEERS", "Case", "Result", "make_inputs", "measure",
+           "measure_weights", "runner", "structured_mask"]
 
-@dataclass(frozen=True)
-class Case:
-    L: int
-    mask: str
-    dtype: str
-    mode: str
-    B: int = 1
-    H: int = 8
-    D: int = 64
-
-    @property
-    def pairs(self) -> int:
-        """Unmasked (query, key) pairs per batch element and head: the useful work."""
-        L = self.L
-        if self.mask == "full":
-            return L * L
-        if self.mask == "causal":
-            return L * (L + 1) // 2
-        if self.mask == "sliding256":
-            w = min(256, L)
-            return w * (w + 1) // 2 + (L - w) * w
-        n = -(-L // 8)  # document8: 8 equal documents (the last may be shorter)
-        sizes = [min(n, L - i * n) for i in range(8) if L - i * n > 0]
-        return sum(s * s for s in sizes)
-
-    @property
-    def flops(self) -> float:
-        f = 4.0 * self.B * self.H * self.D * self.pairs
-        return f * (3.5 if self.mode == "fwd+bwd" else 1.0)
-
-
-@dataclass
-class Result:
-    impl: str
-    ms: float | None = None
-    gflops: float | None = None
-    peak_mib: float | None = None
-    note: str = ""
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def structured_mask(case: Case):
@@ -81,7 +42,7 @@ def structured_mask(case: Case):
 def make_inputs(case: Case, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     shape = (case.B, case.H, case.L, case.D)
-    dt = DTYPES[case.dtype]
+    dt = TORCH_DTYPES[case.dtype]
     xs = [torch.randn(shape, generator=g).to(dt) for _ in range(3)]
     if case.mode == "fwd+bwd":
         for x in xs:
