@@ -53,6 +53,11 @@ def test_weight_rows_empty_negative_and_bad():
         attnlab.attention_weights(q, k, lse, rows=[0.5])
     with pytest.raises(AttnlabError, match="rows"):
         attnlab.attention_weights(q, k, lse, rows=[-6])
+    with pytest.raises(AttnlabError, match=r"lse: expected \(\.\.\., H, L\) = \(1, 1, 5\) like "
+                                           r"query \(1, 1, 5, 4\), got \(1, 1, 4\)"):
+        attnlab.attention_weights(q, k, lse[..., :4])
+    with pytest.raises(AttnlabError, match="got list"):
+        attnlab.attention_weights(q, k, lse.tolist())
 
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "math", "tiled"])
