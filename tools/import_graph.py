@@ -44,7 +44,7 @@ def modules(src: Path) -> dict[str, Path]:
 
 def _type_checking(node: ast.If) -> bool:
     t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+    return (isinstance(t, ast.Name) and t.id.endswith("TYPE_CHECKING")) or \
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 

@@ -2,15 +2,14 @@
 
 Every public function validates its arguments once, here, and raises `AttnlabError` with a message
 that names the argument and shows the shapes or values it got. Kernels behind the boundary trust
-their inputs and use `assert` only for internal invariants.
+their inputs and use `assert` only for internal invariants. Torch is imported by the checks that
+need it, so the command line can import this module without paying for torch.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
 
 
 class AttnlabError(ValueError):
@@ -50,6 +49,8 @@ class Dims:
 
 
 def _check_tensor(name: str, x) -> None:
+    import torch
+
     if not isinstance(x, torch.Tensor):
         raise AttnlabError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -134,6 +135,8 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None
 
 
 def check_dense_mask(name: str, mask, dims: Dims, device) -> None:
+    import torch
+
     if not isinstance(mask, torch.Tensor):
         raise AttnlabError(f"{name}: expected a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.is_floating_point():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def add_parser(sub):
-    from attnlab.explain.lesson import SECTIONS
+    from attnlab.explain.section_names import SECTIONS
 
     p = sub.add_parser("lesson", help="replay the attention lesson with computed numbers",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

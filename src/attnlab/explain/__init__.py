@@ -5,7 +5,19 @@ the `hf` extra for Hugging Face models; they are imported on use, not here. `les
 lesson as an explorable page for Jupyter.
 """
 
-from attnlab.explain.lesson import SECTIONS, build_lesson
+import importlib as _importlib
+
 from attnlab.explain.lesson_page import lesson_page
 
+_LAZY = {"SECTIONS": "lesson", "build_lesson": "lesson"}
 __all__ = ["SECTIONS", "build_lesson", "lesson_page"]
+
+
+def __getattr__(name: str):  # imported on first use: `attnlab.explain.x` stays cheap to import
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnlab.explain' has no attribute {name!r}")
+    return getattr(_importlib.import_module(f"attnlab.explain.{_LAZY[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

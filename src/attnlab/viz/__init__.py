@@ -10,7 +10,17 @@
 Each module imports its optional dependency (rich, matplotlib) inside the functions that need it.
 """
 
-from attnlab.viz.figures import plot, save_plot
-from attnlab.viz.page import page_html, write_page
+import importlib as _importlib
 
+_LAZY = {"plot": "figures", "save_plot": "figures", "page_html": "page", "write_page": "page"}
 __all__ = ["page_html", "plot", "save_plot", "write_page"]
+
+
+def __getattr__(name: str):  # imported on first use: `attnlab.viz.x` stays cheap to import
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnlab.viz' has no attribute {name!r}")
+    return getattr(_importlib.import_module(f"attnlab.viz.{_LAZY[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -22,6 +22,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
 from attnlab.errors import AttnlabError
+from attnlab.viz.app_limits import MAX_CHARS, MAX_TOKENS
 from attnlab.viz.app_server import MAX_CONNECTIONS, AppServer
 from attnlab.viz.lesson_page import lesson_csp, lesson_html
 from attnlab.viz.page import csp, page_html
@@ -30,8 +31,6 @@ from attnlab.viz.payload import payload
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024  # bytes of a request body
-MAX_CHARS = 1000      # characters of text
-MAX_TOKENS = 128      # tokens after the model's tokenizer (the page stays responsive)
 TIMEOUT = 10.0        # seconds a connection may stay silent before it is closed
 
 
