@@ -42,6 +42,10 @@ def test_lazy_names_resolve():
     assert attnlab.trace is trace and sys.modules["attnlab.trace"].trace is trace
 
 
+def test_submodules_as_attributes_after_a_bare_import():
+    assert "torch" in _loaded("import attnlab\nattnlab.ops.attention, attnlab.reference.steps")
+
+
 def test_section_names_match_the_lesson():
     from attnlab.explain.lesson import SECTIONS
     from attnlab.explain.section_names import SECTIONS as NAMES

@@ -9,6 +9,7 @@ do not pay for torch until something needs it.
 """
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING as _TYPE_CHECKING
@@ -50,7 +51,9 @@ if _TYPE_CHECKING:
 
 def __getattr__(name: str):
     where = _LAZY.get(name)
-    if where is None:
+    if where is None:  # a submodule (attnlab.ops, attnlab.reference, ...) imports on first use
+        if not name.startswith("_") and _importlib_util.find_spec(f"attnlab.{name}"):
+            return _importlib.import_module(f"attnlab.{name}")
         raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
     module = _importlib.import_module(where or f"attnlab.{name}")
     value = module if not where else getattr(module, name)
