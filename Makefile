@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean chromium
+.PHONY: setup demo test lint clean chromium mutate
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +27,12 @@ chromium:
 test: lint chromium
 	$(BIN)/pytest
 
+# mutation testing, not part of `make test`: per-module kill rates (README, "Correctness").
+# MUTATE_ARGS passes options on, e.g. MUTATE_ARGS="ops --sample 10 --budget 40"
+MUTATE_ARGS ?=
+mutate: setup
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,mutate]"
+	$(BIN)/python benchmarks/mutate.py $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build mutants *.egg-info src/*.egg-info .pytest_cache .ruff_cache
