@@ -318,8 +318,8 @@ def test_weights_are_computed_only_while_transformers_collects_them(monkeypatch)
     model = model_for(BY_NAME["gpt2"])  # GPT-2: output_attentions never reaches its attention calls
     ids, mask = padded_batch("left")
     calls = []
-    exact = hf.exact_weights
-    monkeypatch.setattr(hf, "exact_weights", lambda *a, **k: calls.append(1) or exact(*a, **k))
+    exact = hf.run_with_weights
+    monkeypatch.setattr(hf, "run_with_weights", lambda *a, **k: calls.append(1) or exact(*a, **k))
     # collecting hidden states only: output capturing is active, attentions are not wanted
     out = run(model, "attnlab", lambda: model(input_ids=ids, attention_mask=mask,
                                               output_hidden_states=True))
@@ -394,3 +394,20 @@ def test_recorded_calls_reproduce_their_weights(name):
     assert softcaps == ([1.0, 1.0] if name == "gemma2-softcap" else [None] * len(calls))
     biased = [c.bias is not None for c in calls]  # T5's cross-attention has no position bias
     assert sum(biased) == (4 if name == "t5" else 0)
+
+
+def test_a_recorded_call_with_weights_is_validated_once(monkeypatch):
+    """Output, weights and the recording of one attention call come from one validated call."""
+    from attnlab.adapters import recording
+    from attnlab.ops import validate
+
+    model = model_for(BY_NAME["gpt2"])
+    ids, mask = padded_batch("left")
+    checked = []
+    check = validate.check_qkv  # every validation of a call, whoever asks for it, starts here
+    monkeypatch.setattr(validate, "check_qkv", lambda *a, **k: checked.append(1) or check(*a, **k))
+    with recording.record() as calls:
+        out = run(model, "attnlab", lambda: model(input_ids=ids, attention_mask=mask,
+                                                  output_attentions=True))
+    assert len(out.attentions) == len(calls) == 2
+    assert len(checked) == 2  # one per layer: not again for the weights' row blocks or the record

@@ -19,7 +19,8 @@ Weights are returned whenever transformers collects attentions (`output_attentio
 call or the config, seen through its output-capturing hooks or a keyword) or a `recording.record()`
 block is active, and never otherwise: the op returns the log-sum-exp of each row and
 `attnlab.attention_weights` recomputes the weights exactly from it, exp(score - lse), never by a
-second softmax, a block of rows at a time.
+second softmax, a block of `WEIGHT_ROWS` rows at a time. The call is validated once: output,
+weights and the recording all come from the same `Problem`.
 Caution: in training mode with dropout the returned weights are those before dropout. Logit
 softcapping (Gemma 2) is passed on to the op; attention sinks are refused (AttnlabError).
 """
@@ -30,8 +31,7 @@ import torch
 
 from attnlab.adapters import recording
 from attnlab.errors import AttnlabError
-from attnlab.ops.api import attention, make_problem
-from attnlab.ops.weights import attention_weights
+from attnlab.ops.api import WEIGHT_ROWS, attention, make_problem, run_with_weights
 
 NAME = "attnlab"
 
@@ -132,58 +132,31 @@ def attnlab_attention_forward(
     if not _wants_weights(kwargs):
         out = attention(query, key, value, **args)  # (B, H, L, Dv)
         return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
-    out, lse = attention(query, key, value, return_lse=True, **args)
-    weights = exact_weights(query, key, lse, **args)
+    p = make_problem(query, key, value, args["attn_mask"], args["dropout_p"], causal, scaling,
+                     args["enable_gqa"], mask=None, softcap=args.get("softcap"))
+    out, _, weights = run_with_weights(p, row_block=WEIGHT_ROWS)  # weights (B, H, L, S)
     if recording.recording():
-        masks = _record_masks(query, key, value, **args)
-        _record(module, query, key, value, masks, weights, causal, args.get("softcap"))
+        _record(module, query, key, value, _record_masks(p), weights, causal, args.get("softcap"))
     return out.transpose(1, 2).contiguous(), weights.to(query.dtype)
 
 
-#: query rows recomputed at a time: besides the returned (B, H, L, S) weights, only a block of
-#: this many rows is ever held, so long inputs cost no second L×S matrix
-WEIGHT_ROWS = 1024
-
-
-def exact_weights(query, key, lse, *, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0,
-                  **extras) -> torch.Tensor:
-    """weights (B, H, L, S) from the row log-sum-exp, via `attnlab.attention_weights`.
-
-    w = exp(scaled masked score - lse): exactly the softmax the op applied, rows summing to 1,
-    an all-masked row 0. Rows are recomputed a block at a time.
-    """
-    L = query.shape[-2]
-    blocks = [attention_weights(query, key, lse, rows=slice(r, r + WEIGHT_ROWS), scale=scale,
-                                attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa,
-                                **extras)
-              for r in range(0, L, WEIGHT_ROWS)]
-    if len(blocks) == 1:
-        return blocks[0]
-    w = blocks[0].new_empty(*blocks[0].shape[:-2], L, blocks[0].shape[-1])  # (B, H, L, S)
-    for r, block in zip(range(0, L, WEIGHT_ROWS), blocks):
-        w[..., r:r + block.shape[-2], :] = block
-        del block
-    return w
-
-
-def _record_masks(query, key, value, *, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0,
-                  **extras):
-    """(allowed bool, bias float or None, scale) for a recording, masks as (B, 1|H, L, S).
+def _record_masks(p):
+    """(allowed bool, bias float or None, scale) of a validated call for a recording, masks as
+    (B, 1|H, L, S).
 
     The bias is what the op added to the scores where a pair may attend (T5's position bias, the
     finite part of a float mask), 0 elsewhere; None when nothing was added.
     """
-    p = make_problem(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=None,
-                     **extras)
+    batch = p.query.shape[0]
     allowed, bias = p.dense_masks()
     if bias is not None:  # transformers' float masks use the dtype's min, not -inf
         keep = bias > torch.finfo(bias.dtype).min / 2
         allowed = keep if allowed is None else allowed & keep
         bias = torch.where(keep, bias, torch.zeros((), dtype=bias.dtype, device=bias.device))
-        bias = _batched(bias, query.shape[0]) if bias.any() else None
+        bias = _batched(bias, batch) if bias.any() else None
     if allowed is None:
-        allowed = torch.ones(p.dims.L, p.dims.S, dtype=torch.bool, device=query.device)
-    return _batched(allowed, query.shape[0]), bias, p.scale
+        allowed = torch.ones(p.dims.L, p.dims.S, dtype=torch.bool, device=p.query.device)
+    return _batched(allowed, batch), bias, p.scale
 
 
 def _batched(mask: torch.Tensor, batch: int) -> torch.Tensor:
