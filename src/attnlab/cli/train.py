@@ -1,7 +1,9 @@
-"""`attnlab train`: train a small GPT on the bundled public-domain corpus, on CPU."""
+"""`attnlab train`: train a small GPT on the bundled public-domain corpus, on CPU; across N local
+processes with `--nproc N [--dp D] [--cp C]`, or as one worker of a torchrun job."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,61 +18,194 @@ def add_parser(sub):
     p.add_argument("--out", default=None, metavar="DIR",
                    help="checkpoint directory (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true",
-                   help="continue the run checkpointed in --out")
+                   help="continue the run checkpointed in --out (under any --dp/--cp)")
     p.add_argument("--seed", type=int, default=None, help="seed for weights and batch order")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="sequences per step, all processes together (default: the preset's)")
+    p.add_argument("--eval-interval", type=int, default=None, metavar="N",
+                   help="validate and save every N steps (default: the preset's)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch intra-op threads (default: torch's choice; on a busy machine 1 "
-                   "can be much faster)")
+                   help="torch intra-op threads (default: torch's choice in one process, 1 per "
+                   "process with --nproc; on a busy machine 1 can be much faster)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train on N local processes (N = D × C) through torch.distributed.run")
+    p.add_argument("--dp", type=int, default=None, metavar="D",
+                   help="data-parallel replicas: each trains on its rows of every batch "
+                   "(default: N / C)")
+    p.add_argument("--cp", type=int, default=1, metavar="C",
+                   help="context-parallel ranks per replica: each holds part of every sequence "
+                   "(default: 1)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="seconds a process waits for the others before the run stops with an "
+                   "error (default: 300)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def run(args) -> int:
     from attnlab.errors import AttnlabError
-    from attnlab.models import PRESETS, Trainer
-    from attnlab.models.checkpoint import META_FILE, check_writable
+    from attnlab.models import PRESETS
+    from attnlab.models.parallel import launched
 
     if args.preset not in PRESETS:
         raise AttnlabError(f"--preset: unknown {args.preset!r}; expected one of {sorted(PRESETS)}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise AttnlabError(f"--max-steps: expected a positive number of steps, got "
-                           f"{args.max_steps}")
+    for flag, v in (("--max-steps", args.max_steps), ("--batch-size", args.batch_size),
+                    ("--eval-interval", args.eval_interval), ("--threads", args.threads),
+                    ("--nproc", args.nproc), ("--dp", args.dp), ("--cp", args.cp)):
+        if v is not None and v < 1:
+            raise AttnlabError(f"{flag}: expected a positive number, got {v}")
+    out = Path(args.out or Path("runs") / args.preset)
+    if launched():
+        return _worker(args, out)
+    nproc = _nproc(args)
+    if nproc > 1:
+        _check_out(args, out)
+        return _launch(args, out, nproc)
+    if args.cp > 1:
+        raise AttnlabError(f"--cp: {args.cp} context-parallel ranks need --nproc {args.cp} or more")
     if args.threads is not None:
-        if args.threads < 1:
-            raise AttnlabError(f"--threads: expected a positive number, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
-    out = Path(args.out or Path("runs") / args.preset)
-    # attnlab.json alone decides: a damaged checkpoint is reported by the loader, not overwritten
-    if args.resume:
-        if not (out / META_FILE).is_file():
-            raise AttnlabError(f"--resume: no checkpoint in {str(out)!r} to resume")
-        if args.seed is not None:
-            raise AttnlabError("--seed: a resumed run keeps the seed it started with")
-        check_writable(out, "--out")
-        trainer = Trainer.resume(out, progress=not args.quiet, max_steps=args.max_steps)
-    else:
-        if (out / META_FILE).exists():
-            raise AttnlabError(f"--out: {str(out)!r} already holds a checkpoint; pass --resume to "
-                               "continue it or choose another --out")
-        check_writable(out, "--out")
-        overrides = {k: v for k, v in (("max_steps", args.max_steps), ("seed", args.seed))
-                     if v is not None}
-        trainer = Trainer.start(args.preset, out=out, progress=not args.quiet, **overrides)
-    cfg = trainer.config
-    print(f"attnlab train: preset {trainer.model.config.name}, "
-          f"{trainer.model.num_params():,} parameters, corpus {cfg.corpus!r} "
-          f"({len(trainer.data.train):,} train / {len(trainer.data.val):,} val tokens), "
-          f"steps {trainer.step} -> {cfg.max_steps}, checkpoints in {out}", file=sys.stderr)
+    trainer = _trainer(args, out, None)
+    _header(trainer, out)
     try:
         trainer.run(handle_interrupt=True)
     except KeyboardInterrupt:
         print(f"attnlab train: interrupted at step {trainer.step}; saved to {out}; continue with "
               f"attnlab train --out {out} --resume", file=sys.stderr)
         return 130
+    _summary(trainer, out)
+    return 0
+
+
+def _nproc(args) -> int:
+    from attnlab.errors import AttnlabError
+
+    if args.nproc is None:
+        return (args.dp or 1) * args.cp
+    dp = args.nproc // args.cp if args.dp is None else args.dp
+    if dp * args.cp != args.nproc:
+        raise AttnlabError(f"--nproc, --dp, --cp: N = D × C expected, got N = {args.nproc}, "
+                           f"D = {args.dp if args.dp is not None else 'N / C'}, C = {args.cp}")
+    return args.nproc
+
+
+def _check_out(args, out: Path) -> None:
+    """attnlab.json alone decides: a damaged checkpoint is reported by the loader, not
+    overwritten."""
+    from attnlab.errors import AttnlabError
+    from attnlab.models.checkpoint import META_FILE, check_writable
+
+    if args.resume:
+        if not (out / META_FILE).is_file():
+            raise AttnlabError(f"--resume: no checkpoint in {str(out)!r} to resume")
+        if args.seed is not None:
+            raise AttnlabError("--seed: a resumed run keeps the seed it started with")
+    elif (out / META_FILE).exists():
+        raise AttnlabError(f"--out: {str(out)!r} already holds a checkpoint; pass --resume to "
+                           "continue it or choose another --out")
+    check_writable(out, "--out")
+
+
+def _trainer(args, out: Path, parallel):
+    from attnlab.models import Trainer
+
+    if parallel is None or parallel.is_main:
+        _check_out(args, out)
+    progress = not args.quiet
+    if args.resume:
+        return Trainer.resume(out, progress=progress, max_steps=args.max_steps, parallel=parallel)
+    overrides = {k: v for k, v in (("max_steps", args.max_steps), ("seed", args.seed),
+                                   ("batch_size", args.batch_size),
+                                   ("eval_interval", args.eval_interval)) if v is not None}
+    return Trainer.start(args.preset, out=out, progress=progress, parallel=parallel, **overrides)
+
+
+def _header(trainer, out: Path, parallel=None) -> None:
+    cfg = trainer.config
+    layout = "" if parallel is None else (f", {parallel.world} processes (data parallel "
+                                          f"{parallel.dp} × context parallel {parallel.cp})")
+    print(f"attnlab train: preset {trainer.model.config.name}, "
+          f"{trainer.model.num_params():,} parameters, corpus {cfg.corpus!r} "
+          f"({len(trainer.data.train):,} train / {len(trainer.data.val):,} val tokens){layout}, "
+          f"steps {trainer.step} -> {cfg.max_steps}, checkpoints in {out}", file=sys.stderr)
+
+
+def _summary(trainer, out: Path) -> None:
     val = trainer.val_history[-1]["val_loss"] if trainer.val_history else float("nan")
     tps = trainer.tokens_seen / max(trainer.elapsed_s, 1e-9)
     print(f"step {trainer.step}: train loss {trainer.history[-1]['loss']:.4f}, val loss "
           f"{val:.4f}, {tps:,.0f} tokens/s, {trainer.elapsed_s:.1f} s training; saved {out}")
+
+
+def _worker_args(args, out: Path, nproc: int) -> list[str]:
+    """The `attnlab train` arguments of each launched worker (`--nproc` left out)."""
+    argv = ["train", "--preset", args.preset, "--out", str(out.resolve()),
+            "--dp", str(nproc // args.cp), "--cp", str(args.cp), "--timeout", str(args.timeout),
+            "--threads", str(args.threads or 1)]
+    for flag, v in (("--max-steps", args.max_steps), ("--seed", args.seed),
+                    ("--batch-size", args.batch_size), ("--eval-interval", args.eval_interval)):
+        if v is not None:
+            argv += [flag, str(v)]
+    return argv + ["--resume"] * args.resume + ["--quiet"] * args.quiet
+
+
+def _launch(args, out: Path, nproc: int) -> int:
+    from attnlab.errors import AttnlabError
+    from attnlab.models.launch import launch
+
+    try:
+        launch(_worker_args(args, out, nproc), nproc, threads=args.threads or 1)
+    except AttnlabError as e:
+        raise AttnlabError(f"{e}. {_resume_hint(out, nproc, args.cp)}") from None
     return 0
+
+
+def _resume_hint(out: Path, nproc: int, cp: int) -> str:
+    import json
+
+    from attnlab.models.checkpoint import META_FILE
+
+    try:
+        step = json.loads((out / META_FILE).read_text())["state"]["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"No checkpoint was saved to {out}"
+    more = f" --nproc {nproc}" + (f" --cp {cp}" if cp > 1 else "")
+    return (f"{out} keeps the checkpoint of step {step}; continue with: attnlab train --out "
+            f"{out} --resume{more}")
+
+
+def _worker(args, out: Path) -> int:
+    """One rank of a torchrun / --nproc job: join the group, train, leave."""
+    from attnlab.errors import AttnlabError
+    from attnlab.models.parallel import setup
+
+    world = int(os.environ["WORLD_SIZE"])
+    if args.nproc is not None and args.nproc != world:
+        raise AttnlabError(f"--nproc: {args.nproc}, but torchrun started {world} processes")
+    import torch
+
+    torch.set_num_threads(args.threads or 1)
+    par = setup(args.dp, args.cp, timeout_s=args.timeout)
+    trainer = None
+    try:
+        trainer = _trainer(args, out, par)
+        if par.is_main:
+            _header(trainer, out, par)
+        trainer.run()
+        if par.is_main:
+            _summary(trainer, out)
+        return 0
+    except AttnlabError as e:
+        if par.is_main or not getattr(e, "every_rank", False):
+            raise AttnlabError(f"rank {par.rank}: {e}") from None
+        return 2  # the same error on every rank: rank 0 says it
+    except RuntimeError as e:  # torch.distributed's errors: a peer died or stopped answering
+        step = "" if trainer is None else f" at step {trainer.step}"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AttnlabError(f"rank {par.rank}: lost contact with the other processes{step} "
+                           f"({first}); the run stopped. "
+                           f"{_resume_hint(out, par.world, par.cp)}") from None
+    finally:
+        par.close()

@@ -8,6 +8,12 @@ the same loss curve as an uninterrupted one.
 A run that diverges stops: a NaN/Inf training or validation loss, or a NaN/Inf gradient norm,
 raises AttnlabError before the optimizer step and before any save, so the last good checkpoint
 stays. An output directory that cannot be written is refused when the Trainer is made.
+
+Across processes (`parallel`, see `attnlab.models.parallel`): every rank trains on its rows of the
+same global batch, losses are summed over all ranks (so every rank sees the same loss and the
+same gradient norm, and a diverging run stops on every rank at the same step), rank 0 alone
+writes checkpoints and shows progress, and no rank goes on before the save has committed.
+Checkpoints are the one-process format: they load in one process and resume under any (D, C).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +45,9 @@ from attnlab.models.corpus import load_corpus
 from attnlab.models.gpt import GPT
 from attnlab.models.optimizer_state import load_trainer_tensors, trainer_tensors
 from attnlab.models.tokenizer import CharTokenizer
+
+if TYPE_CHECKING:
+    from attnlab.models.parallel import Parallel
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -61,10 +71,15 @@ class Trainer:
     """Trains a GPT on a token stream; `run()` to train, `save()` to checkpoint."""
 
     def __init__(self, model: GPT, tokenizer, data: TokenData, config: TrainConfig, *,
-                 out=None, progress: bool = False):
+                 out=None, progress: bool = False, parallel: Parallel | None = None):
         self.model, self.tokenizer, self.data, self.config = model, tokenizer, data, config
-        self.out = None if out is None else check_writable(out, "out")
-        self.progress = progress
+        self.parallel = parallel
+        main = parallel is None or parallel.is_main
+        self.out = None if out is None else (check_writable(out, "out") if main else Path(out))
+        self.progress = progress and main
+        self.forward = model  # the module the training step calls (DDP across processes)
+        if parallel is not None:
+            self._distribute(parallel)
         self.optimizer = make_optimizer(model, config)
         self.step = 0
         self.history: list[dict] = []  # per step: {"step", "loss", "lr"}
@@ -73,9 +88,20 @@ class Trainer:
         self._stop_requested = False
         self._saved_step: int | None = None  # step of the checkpoint in `out`, once there is one
 
+    def _distribute(self, par: Parallel) -> None:
+        if self.config.batch_size % par.dp:
+            raise AttnlabError(f"batch_size: the global batch of {self.config.batch_size} rows "
+                               f"does not split over --dp {par.dp} replicas")
+        if par.cp > 1 and self.model.config.dropout > 0:
+            raise AttnlabError(f"--cp: context parallelism needs dropout 0; the model has "
+                               f"dropout {self.model.config.dropout}")
+        self.model.to(par.device).set_context_parallel(par.handle)
+        self.forward = par.wrap(self.model)
+
     @classmethod
     def start(cls, preset: str = "tiny", *, out=None, progress: bool = False,
-              model_overrides: dict | None = None, **train_overrides) -> Trainer:
+              parallel: Parallel | None = None, model_overrides: dict | None = None,
+              **train_overrides) -> Trainer:
         """A fresh run of a named preset on its bundled corpus."""
         tcfg = TrainConfig.from_name(preset, **train_overrides)
         text = load_corpus(tcfg.corpus)
@@ -83,10 +109,11 @@ class Trainer:
         mcfg = GPTConfig.from_name(preset, vocab_size=tok.vocab_size, **(model_overrides or {}))
         data = TokenData.split(tok.encode(text), tcfg.val_fraction, mcfg.block_size)
         torch.manual_seed(tcfg.seed)  # the initial weights, and dropout after that
-        return cls(GPT(mcfg), tok, data, tcfg, out=out, progress=progress)
+        return cls(GPT(mcfg), tok, data, tcfg, out=out, progress=progress, parallel=parallel)
 
     @classmethod
-    def resume(cls, out, *, progress: bool = False, max_steps: int | None = None) -> Trainer:
+    def resume(cls, out, *, progress: bool = False, max_steps: int | None = None,
+               parallel: Parallel | None = None) -> Trainer:
         """Continue the run checkpointed in `out`; `max_steps` moves its end and the schedule's."""
         ck = read_checkpoint(out, with_trainer=True)
         meta = ck.path / META_FILE
@@ -100,7 +127,7 @@ class Trainer:
         state = _resume_state(meta, ck.doc["state"])
         data = TokenData.split(tok.encode(load_corpus(tcfg.corpus)), tcfg.val_fraction,
                                model.config.block_size)
-        self = cls(model, tok, data, tcfg, out=out, progress=progress)
+        self = cls(model, tok, data, tcfg, out=out, progress=progress, parallel=parallel)
         load_trainer_tensors(self.optimizer, ck.trainer_tensors, ck.file("trainer"))
         self.step, self.history, self.val_history = state["step"], state["history"], state["val"]
         self.tokens_seen, self.elapsed_s = state["tokens_seen"], state["elapsed_s"]
@@ -115,13 +142,15 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x, y = batch(self.data.train, cfg.batch_size, model.config.block_size, cfg.seed,
-                     self.step)
-        _, loss = model(x, y)
-        if not torch.isfinite(loss):
-            raise self._diverged(f"the training loss is {loss.item()}", self.step + 1, lr)
+        x, y = self._rows(batch(self.data.train, cfg.batch_size, model.config.block_size,
+                                cfg.seed, self.step))
+        _, loss = self.forward(x, y)
+        value = self._global_loss(loss)
+        if not math.isfinite(value):
+            raise self._diverged(f"the training loss is {value}", self.step + 1, lr)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # DDP averages over all D·C ranks; a share summed over C ranks is a replica's mean
+        (loss if self.parallel is None else loss * self.parallel.cp).backward()
         params = [p for p in model.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if not torch.isfinite(norm):
@@ -131,18 +160,33 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(params, cfg.grad_clip, norm)
         self.optimizer.step()
         self.step += 1
-        self.tokens_seen += x.numel()
-        self.history.append({"step": self.step, "loss": loss.item(), "lr": lr})
-        return self.history[-1]["loss"]
+        self.tokens_seen += cfg.batch_size * model.config.block_size  # every rank's rows
+        self.history.append({"step": self.step, "loss": value, "lr": lr})
+        return value
 
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over a fixed set of validation batches (the same ones every time)."""
         cfg, model = self.config, self.model
         model.eval()
-        losses = [model(*batch(self.data.val, cfg.batch_size, model.config.block_size,
-                               cfg.seed + 1, i))[1].item() for i in range(cfg.eval_batches)]
+        losses = [self._global_loss(model(*self._rows(batch(
+            self.data.val, cfg.batch_size, model.config.block_size, cfg.seed + 1, i)))[1])
+            for i in range(cfg.eval_batches)]
         return sum(losses) / len(losses)
+
+    def _rows(self, xy):
+        """This rank's rows of a global batch, on its device."""
+        if self.parallel is None:
+            return xy
+        rows = self.parallel.rows(self.config.batch_size)
+        return tuple(t[rows].to(self.parallel.device) for t in xy)
+
+    def _global_loss(self, loss: torch.Tensor) -> float:
+        """The global batch's mean loss: this process's, or the sum of every rank's share over
+        the D replicas (the same number on every rank)."""
+        if self.parallel is None:
+            return loss.item()
+        return self.parallel.sum(loss.item()) / self.parallel.dp
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -154,6 +198,8 @@ class Trainer:
         end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
         bar = self._bar(end)
         rate = 0.0
+        # across processes Ctrl-C reaches every rank at its own moment: no save, stop at once
+        handle_interrupt = handle_interrupt and self.parallel is None
         with self._interrupts(handle_interrupt), contextlib.closing(bar or _NoBar()):
             while self.step < end:
                 t0 = time.perf_counter()
@@ -184,13 +230,28 @@ class Trainer:
                 "tokens_seen": self.tokens_seen, "elapsed_s": self.elapsed_s}
 
     def save(self) -> Path | None:
+        """Write the checkpoint (rank 0 only across processes; the others wait until it has
+        committed, and all raise if it failed)."""
         if self.out is None:
             return None
-        path = save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
-                               state=self.state(),
-                               trainer_tensors=trainer_tensors(self.optimizer))
+        par = self.parallel
+        error = None
+        if par is None or par.is_main:
+            try:
+                save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
+                                state=self.state(),
+                                trainer_tensors=trainer_tensors(self.optimizer))
+            except (AttnlabError, OSError) as e:
+                error = e
+        if par is not None and not par.all_ok(error is None) and error is None:
+            err = AttnlabError(f"checkpoint: rank 0 could not save to {self.out} (see its "
+                               f"message); the checkpoint of step {self._saved_step} is kept")
+            err.every_rank = True
+            raise err
+        if error is not None:
+            raise error
         self._saved_step = self.step
-        return path
+        return self.out
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -232,9 +293,11 @@ class Trainer:
             kept = f"; nothing was saved to {self.out}"
         else:
             kept = f"; {self.out} keeps its checkpoint of step {self._saved_step}"
-        return AttnlabError(f"{what} at step {step} (lr {lr:.3g}): training diverged and was "
-                            f"stopped without saving{kept}; lower the learning rate (lr) or raise "
-                            "warmup_steps")
+        err = AttnlabError(f"{what} at step {step} (lr {lr:.3g}): training diverged and was "
+                           f"stopped without saving{kept}; lower the learning rate (lr) or raise "
+                           "warmup_steps")
+        err.every_rank = self.parallel is not None  # the loss is global: all ranks stop here
+        return err
 
 
 class _NoBar:

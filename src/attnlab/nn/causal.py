@@ -3,6 +3,11 @@
 Without a cache every token sees itself and the tokens before it (top-left causal, the fused
 kernel's `is_causal=True`). With a cache, L new queries follow the cache's earlier keys, so the
 causal diagonal is aligned bottom-right: query i of the new tokens sees keys j <= i + (S - L).
+
+With a context-parallel handle (`attnlab.distributed.ContextParallel`, handed in: this module never
+imports torch.distributed), x holds this rank's rows of the sequence and `positions` their global
+positions; attention runs through the handle across its group.
+Caution: under context parallelism there is no KV cache, no record and no attention dropout.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, rotary: bool = False,
-                 rope_base: float = 10000.0):
+                 rope_base: float = 10000.0, context_parallel=None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _check_heads(d_model, n_heads, n_kv_heads)
@@ -49,6 +54,7 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = RotaryEmbedding(self.head_dim, rope_base) if rotary else None
         self.kernel = None  # None = attnlab.attention; benchmarks swap in a peer
+        self.context_parallel = context_parallel  # None: the whole sequence is here
 
     def new_cache(self, batch_size: int, max_length: int, *, dtype=None, device=None) -> KVCache:
         w = self.qkv.weight
@@ -56,13 +62,16 @@ class CausalSelfAttention(nn.Module):
                        dtype=dtype or w.dtype, device=device or w.device)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
-                record: list | None = None) -> torch.Tensor:
+                record: list | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L, d_model) -> (B, L, d_model). With `cache`, x holds the tokens after the cached
-        ones; with `record` (a list), an `attnlab.capture.AttentionCall` is appended."""
+        ones; with `record` (a list), an `attnlab.capture.AttentionCall` is appended. With a
+        context-parallel handle, `positions` (L,) are the global positions of x's rows."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise AttnlabError(f"x: expected (B, L, d_model={self.d_model}), got "
                                f"{tuple(x.shape)}")
         B, L, _ = x.shape
+        if self.context_parallel is not None:
+            return self._forward_cp(x, cache, record, positions)
         start = cache.length if cache is not None else 0
         q, k, v = self.project(x, start)
         if cache is not None:
@@ -79,8 +88,28 @@ class CausalSelfAttention(nn.Module):
         y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
         return self.out_proj(y)
 
-    def project(self, x: torch.Tensor, start: int = 0):
-        """q (B, H, L, D), k and v (B, Hkv, L, D) of x, rotated for positions start..start+L-1."""
+    def _forward_cp(self, x, cache, record, positions) -> torch.Tensor:
+        """This rank's rows of causal attention over a sequence split across the handle's ranks."""
+        B, L, _ = x.shape
+        if cache is not None or record is not None:
+            raise AttnlabError("context_parallel: a KV cache or a record needs the whole sequence "
+                               "in one process")
+        if self.training and self.dropout > 0:
+            raise AttnlabError(f"dropout: attention dropout {self.dropout} is not available "
+                               "under context parallelism; use dropout 0")
+        if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (L,):
+            got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions
+            raise AttnlabError(f"positions: expected the ({L},) global positions of x's rows, "
+                               f"got {got}")
+        q, k, v = self.project(x, positions=positions)
+        out = self.context_parallel.attention(q, k, v, is_causal=True,
+                                              enable_gqa=self.n_heads != self.n_kv_heads)
+        y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
+        return self.out_proj(y)
+
+    def project(self, x: torch.Tensor, start: int = 0, positions: torch.Tensor | None = None):
+        """q (B, H, L, D), k and v (B, Hkv, L, D) of x, rotated for positions start..start+L-1
+        (or `positions`, (L,), when given)."""
         B, L, _ = x.shape
         D = self.head_dim
         qkv = self.qkv(x)  # (B, L, (H + 2·Hkv)·D)
@@ -89,6 +118,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, L, self.n_kv_heads, D).transpose(1, 2)  # -> (B, Hkv, L, D)
         v = v.view(B, L, self.n_kv_heads, D).transpose(1, 2)  # -> (B, Hkv, L, D)
         if self.rotary is not None:
-            pos = torch.arange(start, start + L, device=x.device)
+            pos = torch.arange(start, start + L, device=x.device) if positions is None \
+                else positions.to(x.device)
             q, k = self.rotary(q, pos), self.rotary(k, pos)
         return q, k, v

@@ -1,0 +1,59 @@
+"""Start N local workers through torch.distributed's elastic launcher: what
+`torchrun --standalone --nproc-per-node N -m attnlab ARGS` does, called from Python.
+
+Each worker is `python -m attnlab ARGS` with RANK, WORLD_SIZE, MASTER_ADDR, ... set, exactly as
+under torchrun, so one code path serves `attnlab train --nproc N` on one machine and torchrun on
+many. The launcher watches its workers; when one dies (a crash, kill -9) it stops the others and
+`launch` raises an AttnlabError naming the ranks and how each ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import uuid
+
+from attnlab.errors import AttnlabError
+
+
+def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
+    """Run `python -m attnlab *args` on `nproc` local processes; return when all succeeded."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"attnlab-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # torchrun --standalone
+        max_restarts=0,  # a failed rank stops the run; `--resume` continues from its checkpoint
+        monitor_interval=0.1, start_method="spawn", shutdown_timeout=10,
+    )
+    # torchrun's default for several local workers, set here so it does not warn about it
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # the agent's INFO/WARNING lines (rendezvous, "closing signal") would bury the workers' own
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    try:
+        elastic_launch(config, sys.executable)("-m", "attnlab", *args)
+    except ChildFailedError as e:
+        raise AttnlabError(describe_failures(e.failures, nproc)) from None
+
+
+def describe_failures(failures: dict, nproc: int) -> str:
+    """One line: which ranks failed and how (signal or exit code), first failure first."""
+    parts = []
+    for rank, f in sorted(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0])):
+        if f.exitcode is not None and f.exitcode < 0:
+            how = f"was killed by {_signal_name(-f.exitcode)}"
+        else:
+            how = f"exited with code {f.exitcode}"
+        parts.append(f"rank {rank} (pid {f.pid}) {how}")
+    return (f"{len(failures)} of {nproc} worker processes failed: " + "; ".join(parts)
+            + "; the others were stopped")
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
