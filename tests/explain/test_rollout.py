@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnlab import AttnlabError
-from attnlab.explain.rollout import flow, flow_values, residual_matrices, rollout
+from attnlab.explain.attention_flow import flow, flow_values, residual_matrices, rollout
 
 
 def causal_uniform(L):
@@ -93,3 +93,12 @@ def test_flow_values_match_networkx_on_random_layers():
                 graph.add_edge((layer + 1, i), (layer, j), capacity=mats[layer, i, j])
     want = [[nx.maximum_flow_value(graph, (n, i), (0, j)) for j in range(L)] for i in range(L)]
     np.testing.assert_allclose(flow_values(mats), want, atol=L * 2.0 ** -26)
+
+
+def test_public_names_stay_functions():
+    import attnlab.explain as explain
+
+    for _ in range(2):  # importing the module behind them must not shadow them
+        assert callable(explain.rollout) and callable(explain.flow)
+        assert callable(explain.head_stats)
+    np.testing.assert_allclose(explain.rollout(TOY), rollout(TOY))

@@ -9,8 +9,9 @@ import importlib as _importlib
 
 from attnlab.explain.lesson_page import lesson_page
 
-_LAZY = {"SECTIONS": "lesson", "build_lesson": "lesson"}
-__all__ = ["SECTIONS", "build_lesson", "lesson_page"]
+_LAZY = {"SECTIONS": "lesson", "build_lesson": "lesson", "head_stats": "heads",
+         "rollout": "attention_flow", "flow": "attention_flow"}
+__all__ = ["SECTIONS", "build_lesson", "flow", "head_stats", "lesson_page", "rollout"]
 
 
 def __getattr__(name: str):  # imported on first use: `attnlab.explain.x` stays cheap to import
