@@ -176,6 +176,25 @@ def _resume_hint(out: Path, nproc: int, cp: int) -> str:
             f"{out} --resume{more}")
 
 
+def _lost_peer(e: RuntimeError) -> bool:
+    """torch.distributed's ways of saying that a peer died or stopped answering."""
+    import re
+
+    import torch.distributed as dist
+
+    return isinstance(e, getattr(dist, "DistError", ())) or bool(re.search(
+        r"gloo|nccl|connection|timed out|timeout|closed by peer|broken pipe", str(e), re.I))
+
+
+def _first_words(e: Exception) -> str:
+    """The gist of a torch.distributed error: its first sentence, without the source location."""
+    import re
+
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # "[.../gloo/transport/tcp/pair.cc:537] "
+    return text.split(". ")[0].rstrip(".")
+
+
 def _worker(args, out: Path) -> int:
     """One rank of a torchrun / --nproc job: join the group, train, leave."""
     from attnlab.errors import AttnlabError
@@ -201,9 +220,11 @@ def _worker(args, out: Path) -> int:
         if par.is_main or not getattr(e, "every_rank", False):
             raise AttnlabError(f"rank {par.rank}: {e}") from None
         return 2  # the same error on every rank: rank 0 says it
-    except RuntimeError as e:  # torch.distributed's errors: a peer died or stopped answering
+    except RuntimeError as e:
+        if not _lost_peer(e):
+            raise
         step = "" if trainer is None else f" at step {trainer.step}"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = _first_words(e)
         raise AttnlabError(f"rank {par.rank}: lost contact with the other processes{step} "
                            f"({first}); the run stopped. "
                            f"{_resume_hint(out, par.world, par.cp)}") from None

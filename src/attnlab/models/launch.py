@@ -31,8 +31,9 @@ def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
     )
     # torchrun's default for several local workers, set here so it does not warn about it
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    # the agent's INFO/WARNING lines (rendezvous, "closing signal") would bury the workers' own
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # the agent's lines (rendezvous, "closing signal", the failure) would bury the workers' own;
+    # a failure comes back as the AttnlabError below
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "attnlab", *args)
     except ChildFailedError as e:
@@ -40,16 +41,22 @@ def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
 
 
 def describe_failures(failures: dict, nproc: int) -> str:
-    """One line: which ranks failed and how (signal or exit code), first failure first."""
+    """One line: which ranks failed and how, the cause first (ranks the launcher stopped with
+    SIGTERM after it last)."""
+    def order(item):
+        rank, f = item
+        return (f.exitcode == -signal.SIGTERM, f.timestamp, rank)
+
     parts = []
-    for rank, f in sorted(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0])):
-        if f.exitcode is not None and f.exitcode < 0:
+    for rank, f in sorted(failures.items(), key=order):
+        if f.exitcode == -signal.SIGTERM:
+            how = "was stopped"
+        elif f.exitcode is not None and f.exitcode < 0:
             how = f"was killed by {_signal_name(-f.exitcode)}"
         else:
             how = f"exited with code {f.exitcode}"
         parts.append(f"rank {rank} (pid {f.pid}) {how}")
-    return (f"{len(failures)} of {nproc} worker processes failed: " + "; ".join(parts)
-            + "; the others were stopped")
+    return f"the run of {nproc} processes stopped: " + "; ".join(parts)
 
 
 def _signal_name(num: int) -> str:

@@ -1,0 +1,181 @@
+"""Training across processes: the context-parallel GPT equals the one-process GPT; `attnlab train
+--nproc 2` with --dp 2 and --cp 2 gives the one-process loss curve and weights, checkpoints resume
+under another layout and in one process, and a killed worker stops the run with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attnlab import AttnlabError
+from attnlab.cli import main
+from attnlab.distributed import ContextParallel
+from attnlab.models import GPT, GPTConfig, Trainer, load_checkpoint
+from attnlab.models.launch import describe_failures
+
+STEPS, HALF, BATCH, EVERY = 12, 6, 8, 3
+
+
+def test_context_parallel_gpt_equals_one_process_in_float64():
+    from distributed.launch import run_group
+
+    # L = 29: zigzag over 2 ranks gives them 13 and 16 rows (uneven chunks); rotary and learned
+    # positions must be the global ones or the loss would differ
+    for rank_result in run_group(_cases(), 2, 29):
+        for name, (dloss, dgrad, local_rows) in rank_result.items():
+            assert local_rows < 29, name
+            assert dloss < 1e-12 and dgrad < 1e-12, f"{name}: loss {dloss:.2e}, grad {dgrad:.2e}"
+
+
+def _cases():
+    from models.parallel_cases import loss_and_grads_match
+
+    return loss_and_grads_match
+
+
+def test_a_handle_of_one_process_changes_nothing():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=16,
+                          rotary=True))
+    x = torch.randint(0, 11, (3, 13))
+    logits, loss = model(x, x)
+    model.set_context_parallel(ContextParallel())  # no group initialised: one process
+    logits_cp, loss_cp = model(x, x)
+    torch.testing.assert_close(logits_cp, logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(loss_cp, loss, rtol=1e-6, atol=0)
+    with pytest.raises(AttnlabError, match="whole sequence"):
+        model(x[:, :2], caches=model.new_caches(3))
+    with pytest.raises(AttnlabError, match="positions"):
+        model.blocks[0].attn(torch.zeros(1, 4, 16))
+    model.set_context_parallel(None)
+    assert torch.equal(model(x, x)[0], logits)
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--nproc", "3", "--cp", "2"], ["N = D × C", "N = 3"]),
+    (["--nproc", "4", "--dp", "3"], ["N = D × C"]),
+    (["--cp", "0"], ["--cp: expected a positive number"]),
+])
+def test_bad_layouts_give_one_clear_line(capsys, tmp_path, argv, needles):
+    assert main(["train", "--out", str(tmp_path / "r"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(n in err for n in needles), err
+
+
+def test_failures_are_named_cause_first():
+    def f(pid, code, ts):
+        return SimpleNamespace(pid=pid, exitcode=code, timestamp=ts)
+
+    msg = describe_failures({0: f(10, -signal.SIGTERM, 5), 1: f(11, -signal.SIGKILL, 6)}, 2)
+    assert msg == ("the run of 2 processes stopped: rank 1 (pid 11) was killed by SIGKILL; "
+                   "rank 0 (pid 10) was stopped")
+    assert "rank 2 (pid 3) exited with code 2" in describe_failures({2: f(3, 2, 0)}, 4)
+
+
+def _attnlab(*args, check=True, timeout=300):
+    """`python -m attnlab ARGS` in a fresh process (the launcher starts the workers)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    if check:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def _curve(out) -> list[float]:
+    return [h["loss"] for h in json.loads((out / "attnlab.json").read_text())["state"]["history"]]
+
+
+def _assert_same_run(a: list[float], b: list[float], model_a, model_b, what: str):
+    assert len(a) == len(b), what
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) <= 1e-4 * abs(y), f"{what}: step {i + 1}: loss {x} vs {y}"
+    for (name, p), q in zip(model_a.state_dict().items(), model_b.state_dict().values()):
+        d = (p - q).abs().max().item()
+        assert d <= 1e-4, f"{what}: {name} differs by {d:.2e}"
+
+
+@pytest.mark.slow
+def test_dp2_then_cp2_then_one_process_follow_the_one_process_curve(tmp_path):
+    kw = {"max_steps": STEPS, "batch_size": BATCH, "eval_interval": EVERY}
+    torch.set_num_threads(1)
+    whole = Trainer.start("tiny", **kw)
+    whole.run()
+    ref = [h["loss"] for h in whole.history]
+
+    run = tmp_path / "run"
+    common = ["train", "--preset", "tiny", "--batch-size", str(BATCH), "--eval-interval",
+              str(EVERY), "--out", str(run), "--quiet"]
+    _attnlab(*common, "--max-steps", str(HALF), "--nproc", "2", "--dp", "2")
+    _assert_same_run(_curve(run), ref[:HALF], load_checkpoint(run)[0],
+                     _model_at(HALF, kw), "--dp 2")
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+
+    # a (2, 1) checkpoint resumed as (1, 2) ...
+    _attnlab(*common, "--max-steps", str(STEPS), "--nproc", "2", "--cp", "2", "--resume")
+    _assert_same_run(_curve(run), ref, load_checkpoint(run)[0], whole.model,
+                     "--dp 2 resumed with --cp 2")
+    # ... and in one process
+    one = Trainer.resume(copy, max_steps=STEPS)
+    one.run()
+    _assert_same_run([h["loss"] for h in one.history], ref, one.model, whole.model,
+                     "--dp 2 resumed in one process")
+
+
+def _model_at(step: int, kw: dict):
+    t = Trainer.start("tiny", **kw)
+    t.run(stop_after=step)
+    return t.model
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_with_a_clear_message(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "attnlab", "train", "--nproc", "2", "--max-steps", "100000",
+           "--batch-size", str(BATCH), "--eval-interval", str(EVERY), "--out", str(out),
+           "--quiet", "--timeout", "60"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "attnlab.json").exists():
+            assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.2)
+        victim = _worker_pid(launcher.pid, rank=1)
+        os.kill(victim, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=60)  # stops well within the group timeout
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert f"rank 1 (pid {victim}) was killed by SIGKILL" in last, err[-3000:]
+    assert "--resume" in last and "keeps the checkpoint of step" in last, last
+    step = json.loads((out / "attnlab.json").read_text())["state"]["step"]
+    assert load_checkpoint(out)[0].config.name == "tiny"  # the last checkpoint is whole
+    assert main(["train", "--out", str(out), "--resume", "--max-steps", str(step + 1),
+                 "--quiet", "--threads", "1"]) == 0
+
+
+def _worker_pid(launcher: int, rank: int) -> int:
+    """The pid of the launcher's worker with RANK=rank (Linux /proc)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for task in os.listdir(f"/proc/{launcher}/task"):
+            with open(f"/proc/{launcher}/task/{task}/children") as f:
+                for pid in map(int, f.read().split()):
+                    with open(f"/proc/{pid}/environ", "rb") as env:
+                        if f"RANK={rank}".encode() in env.read().split(b"\0"):
+                            return pid
+        time.sleep(0.2)
+    raise AssertionError(f"no worker with RANK={rank} under pid {launcher}")
