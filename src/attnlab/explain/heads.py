@@ -50,12 +50,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnlab.errors import AttnlabError
+from attnlab.explain.head_names import STATS
 
 if TYPE_CHECKING:
     from attnlab.capture import ModelAttention
 
-STATS = ("entropy", "entropy_norm", "self", "prev", "next", "first", "special", "punct", "max",
-         "offset", "offset_share", "duplicate", "induction")
 
 #: (label, statistic, threshold): a head gets the label whose statistic clears its threshold by
 #: the largest factor; "broad" only when no other does; "-" when none does. "special_rest" is the
@@ -101,6 +100,8 @@ class HeadStats:
     labels: list[list[str]]
     thresholds: tuple = LABEL_RULES
     tokens: list[list[str]] = field(default_factory=list)
+    #: what labels also read: special_rest (layers, heads), induction_rows (layers,)
+    extra: dict = field(default_factory=dict, repr=False)
 
     @property
     def n_layers(self) -> int:
@@ -153,7 +154,21 @@ def head_stats(captures: ModelAttention | Sequence[ModelAttention], *,
     combined = combine(per_text)
     stats = {name: combined[name] for name in STATS}
     return HeadStats(model=items[0].model_name, texts=len(items), stats=stats,
-                     labels=label_heads(combined), tokens=[list(c.tokens) for c in items])
+                     labels=label_heads(combined), tokens=[list(c.tokens) for c in items],
+                     extra={k: combined[k] for k in ("special_rest", "induction_rows")})
+
+
+def with_induction(stats: HeadStats, probe: HeadStats) -> HeadStats:
+    """`stats` with `duplicate` and `induction` taken from `probe` (the repeated-random probe's
+    statistics: its `induction` is the induction score), labels recomputed."""
+    if probe.stats["induction"].shape != stats.stats["induction"].shape:
+        raise AttnlabError(f"probe: expected (layers, heads) = {stats.stats['induction'].shape}, "
+                           f"got {probe.stats['induction'].shape}")
+    new = {**stats.stats, "duplicate": probe.stats["duplicate"],
+           "induction": probe.stats["induction"]}
+    extra = {**stats.extra, "induction_rows": probe.extra["induction_rows"]}
+    return HeadStats(model=stats.model, texts=stats.texts, stats=new,
+                     labels=label_heads({**new, **extra}), tokens=stats.tokens, extra=extra)
 
 
 def text_stats(weights, mask, tokens: Sequence, special: Sequence[bool]) -> dict:

@@ -1,0 +1,111 @@
+"""`attnlab heads TEXT...`: what each head of a model does, as statistics over one or more texts.
+
+For every layer and head: entropy (and normalised), mass on itself / the previous / the next
+token, on the first token (sink, [CLS]), on special tokens and on punctuation, the mean largest
+weight, the most common arg-max offset and its share, and the duplicate-token and induction scores;
+then a label per head. `--repeat-random N` runs the induction probe (N random tokens, then the
+same N again, seeded): its `induction` is the induction score (and `duplicate` comes from it too).
+Definitions: `attnlab.explain.heads`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from attnlab.explain.head_names import STATS
+
+
+def add_parser(sub):
+    p = sub.add_parser("heads", help="statistics and a label for every head of a model",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to run the model on")
+    p.add_argument("--file", metavar="FILE", help="more texts, one per non-empty line")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a local Hugging Face model directory or a checkpoint attnlab trained "
+                   "(default: the packaged all-MiniLM-L6-v2)")
+    p.add_argument("--repeat-random", type=int, metavar="N", default=None,
+                   help="the induction probe: N random tokens then the same N again")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe's tokens (default 0)")
+    p.add_argument("--sort", default=None, choices=STATS, metavar="STAT",
+                   help="sort heads by this statistic, largest first (default: max; induction "
+                   "with --repeat-random)")
+    p.add_argument("--top", type=int, default=None, metavar="K",
+                   help="show the first K heads (default: all)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="also draw a layers x heads heatmap of the --sort statistic (.png/.svg)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    fmt.add_argument("--csv", action="store_true", help="print one CSV line per head")
+    return p
+
+
+def _texts(args) -> list[str]:
+    from pathlib import Path
+
+    from attnlab.errors import AttnlabError
+
+    texts = [t for t in args.texts]
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise AttnlabError(f"--file {args.file}: no such file")
+        texts += [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                  if line.strip()]
+    for t in texts:
+        if not t.strip():
+            raise AttnlabError(f"TEXT: expected a non-empty text, got {t!r}")
+    return texts
+
+
+def run(args) -> int:
+    from attnlab.adapters.quiet import quiet_transformers
+    from attnlab.errors import AttnlabError
+    from attnlab.explain.heads import head_stats, with_induction
+    from attnlab.explain.model import load_model, run_model
+    from attnlab.explain.probe import repeat_random
+    from attnlab.viz.heads_report import heads_csv, render_heads
+
+    if args.top is not None and args.top < 1:
+        raise AttnlabError(f"--top {args.top}: expected a positive number")
+    if args.repeat_random is not None and args.repeat_random < 1:
+        raise AttnlabError(f"--repeat-random {args.repeat_random}: expected a positive number")
+    texts = _texts(args)
+    if args.output and not args.output.lower().endswith((".png", ".svg")):
+        raise AttnlabError(f"-o: expected a file ending in .png or .svg, got {args.output!r}")
+    if not texts and args.repeat_random is None:
+        raise AttnlabError("TEXT: give at least one text (or --file FILE, or --repeat-random N)")
+    quiet_transformers()
+    loaded = load_model(args.model)
+    special = loaded.special_tokens
+    stats = probe = None
+    if texts:
+        stats = head_stats([run_model(t, loaded) for t in texts], special=special)
+    if args.repeat_random is not None:
+        probe = head_stats(repeat_random(loaded, args.repeat_random, seed=args.seed),
+                           special=special)
+        stats = probe if stats is None else with_induction(stats, probe)
+    sort = args.sort or ("induction" if probe is not None else "max")
+    if args.json:
+        out = stats.to_json()
+        out["model"] = loaded.name
+        if probe is not None:
+            out["repeat_random"] = {"n": args.repeat_random, "seed": args.seed}
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif args.csv:
+        sys.stdout.write(heads_csv(stats, sort=sort, top=args.top))
+    else:
+        note = None
+        if probe is not None:
+            note = (f"dup and ind from the induction probe: {args.repeat_random} random tokens "
+                    f"then the same again (seed {args.seed})")
+        sys.stdout.write(render_heads(stats, sort=sort, top=args.top, probe=note))
+    if args.output:
+        from attnlab.viz.head_figures import figure_stat, save_figure
+
+        save_figure(figure_stat(stats, sort), args.output)
+        if not (args.json or args.csv):
+            print(f"wrote {args.output} ({sort} per head)")
+    return 0
