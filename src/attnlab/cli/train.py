@@ -75,7 +75,7 @@ def run(args) -> int:
         print(f"attnlab train: interrupted at step {trainer.step}; saved to {out}; continue with "
               f"attnlab train --out {out} --resume", file=sys.stderr)
         return 130
-    _summary(trainer, out)
+    _summary(trainer, out, _peak_mib())
     return 0
 
 
@@ -132,11 +132,23 @@ def _header(trainer, out: Path, parallel=None) -> None:
           f"steps {trainer.step} -> {cfg.max_steps}, checkpoints in {out}", file=sys.stderr)
 
 
-def _summary(trainer, out: Path) -> None:
+def _summary(trainer, out: Path, peak_mib: float | None = None) -> None:
     val = trainer.val_history[-1]["val_loss"] if trainer.val_history else float("nan")
-    tps = trainer.tokens_seen / max(trainer.elapsed_s, 1e-9)
+    tps = trainer.tokens_seen / max(trainer.elapsed_s, 1e-9)  # every process's tokens
+    peak = "" if peak_mib is None else f", peak memory {peak_mib:,.0f} MiB/process"
     print(f"step {trainer.step}: train loss {trainer.history[-1]['loss']:.4f}, val loss "
-          f"{val:.4f}, {tps:,.0f} tokens/s, {trainer.elapsed_s:.1f} s training; saved {out}")
+          f"{val:.4f}, {tps:,.0f} tokens/s, {trainer.elapsed_s:.1f} s training{peak}; saved "
+          f"{out}")
+
+
+def _peak_mib() -> float | None:
+    """This process's peak resident memory (Linux, macOS), None where unknown."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / (1 << 20) if sys.platform == "darwin" else kib / 1024
 
 
 def _worker_args(args, out: Path, nproc: int) -> list[str]:
@@ -213,8 +225,10 @@ def _worker(args, out: Path) -> int:
         if par.is_main:
             _header(trainer, out, par)
         trainer.run()
+        peak = _peak_mib()
+        peak = None if peak is None else par.max(peak)
         if par.is_main:
-            _summary(trainer, out)
+            _summary(trainer, out, peak)
         return 0
     except AttnlabError as e:
         if par.is_main or not getattr(e, "every_rank", False):

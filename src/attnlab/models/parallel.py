@@ -72,6 +72,12 @@ class Parallel:
         dist.all_reduce(t)  # (1,) fp64 from every rank -> the sum on every rank: 8 bytes
         return float(t.item())
 
+    def max(self, x: float) -> float:
+        """The largest of a number over all ranks (peak memory)."""
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # (1,) fp64 from every rank -> the maximum
+        return float(t.item())
+
     def all_ok(self, ok: bool) -> bool:
         """True on every rank when `ok` is True on every rank (a barrier that carries a verdict)."""
         t = torch.tensor([int(bool(ok))], dtype=torch.int32, device=self.device)
