@@ -41,7 +41,7 @@ def test_track_heads_checks_its_arguments(tmp_path):
         track_heads(tr, probe_n=17)
     with pytest.raises(AttnlabError, match="every"):
         track_heads(tr, every=0)
-    with pytest.raises(AttnlabError, match="no heads.jsonl"):
+    with pytest.raises(AttnlabError, match=r"no heads\.jsonl"):
         read_heads(tmp_path)
 
 
