@@ -99,8 +99,9 @@ def run(args) -> int:
     else:
         note = None
         if probe is not None:
-            note = (f"dup and ind from the induction probe: {args.repeat_random} random tokens "
-                    f"then the same again (seed {args.seed})")
+            what = "dup and ind from" if texts else "every statistic on"
+            note = (f"{what} the induction probe: {args.repeat_random} random tokens then the "
+                    f"same again (seed {args.seed})")
         sys.stdout.write(render_heads(stats, sort=sort, top=args.top, probe=note))
     if args.output:
         from attnlab.viz.head_figures import figure_stat, save_figure
