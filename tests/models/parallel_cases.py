@@ -43,3 +43,35 @@ def loss_and_grads_match(rank: int, world: int, L: int) -> dict:
             diff = max(diff, (grad - want[n]).abs().max().item())
         out[name] = (abs(total.item() - ref.item()), diff, logits.shape[1])
     return out
+
+
+def nan_on_one_rank_stops_all(rank: int, world: int, out: str, cp: int) -> dict:
+    """Train 2 steps (rank 0 saves), then let rank `world - 1` alone produce a NaN loss at step 4:
+    every rank must stop at that step with the same error (none may wait on the others)."""
+    import os
+
+    from attnlab import AttnlabError
+    from attnlab.models import Trainer
+    from attnlab.models.parallel import setup
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    par = setup(None, cp, timeout_s=30)
+    t = Trainer.start("tiny", out=out, parallel=par, max_steps=8, eval_interval=2, batch_size=2,
+                      eval_batches=1, model_overrides={"n_layer": 1, "n_embd": 16, "n_head": 2,
+                                                       "block_size": 16})
+    t.run(stop_after=2)
+    if rank == world - 1:
+        t.model.lm_head.register_forward_hook(
+            lambda m, i, o: o * float("nan") if t.step == 3 else o)
+    try:
+        t.run()
+    except AttnlabError as e:
+        return {"step": t.step, "error": str(e), "every_rank": getattr(e, "every_rank", False)}
+    return {"step": t.step, "error": None}
+
+
+def all_cases(rank: int, world: int, root: str) -> dict:
+    """Every case above in one spawned group (spawning and importing cost seconds per process)."""
+    return {"exact": loss_and_grads_match(rank, world, 29),
+            **{f"nan_cp{cp}": nan_on_one_rank_stops_all(rank, world, f"{root}/cp{cp}", cp)
+               for cp in (1, 2)}}

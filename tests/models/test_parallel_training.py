@@ -25,21 +25,34 @@ from attnlab.models.launch import describe_failures
 STEPS, HALF, BATCH, EVERY = 12, 6, 8, 3
 
 
-def test_context_parallel_gpt_equals_one_process_in_float64():
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    """(root, each rank's results) of the cases in models/parallel_cases.py, on one group of 2."""
     from distributed.launch import run_group
+    from models.parallel_cases import all_cases
 
+    root = tmp_path_factory.mktemp("group")
+    return root, run_group(all_cases, 2, str(root), timeout_s=240)
+
+
+def test_context_parallel_gpt_equals_one_process_in_float64(group):
     # L = 29: zigzag over 2 ranks gives them 13 and 16 rows (uneven chunks); rotary and learned
     # positions must be the global ones or the loss would differ
-    for rank_result in run_group(_cases(), 2, 29):
-        for name, (dloss, dgrad, local_rows) in rank_result.items():
+    for rank_result in group[1]:
+        for name, (dloss, dgrad, local_rows) in rank_result["exact"].items():
             assert local_rows < 29, name
             assert dloss < 1e-12 and dgrad < 1e-12, f"{name}: loss {dloss:.2e}, grad {dgrad:.2e}"
 
 
-def _cases():
-    from models.parallel_cases import loss_and_grads_match
-
-    return loss_and_grads_match
+@pytest.mark.parametrize("cp", [1, 2])
+def test_a_nan_on_one_rank_stops_every_rank_at_that_step(group, cp):
+    root, results = group
+    out = root / f"cp{cp}"
+    for r in (res[f"nan_cp{cp}"] for res in results):
+        assert r["step"] == 3 and r["every_rank"], results
+        assert r["error"].startswith("the training loss is nan at step 4"), r["error"]
+        assert f"{out} keeps its checkpoint of step 2" in r["error"]
+    assert json.loads((out / "attnlab.json").read_text())["state"]["step"] == 2
 
 
 def test_a_handle_of_one_process_changes_nothing():
