@@ -171,6 +171,9 @@ def _launch(args, out: Path, nproc: int) -> int:
         launch(_worker_args(args, out, nproc), nproc, threads=args.threads or 1)
     except AttnlabError as e:
         raise AttnlabError(f"{e}. {_resume_hint(out, nproc, args.cp)}") from None
+    except KeyboardInterrupt:
+        print(f"attnlab train: interrupted; {_resume_hint(out, nproc, args.cp)}", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -230,6 +233,8 @@ def _worker(args, out: Path) -> int:
         if par.is_main:
             _summary(trainer, out, peak)
         return 0
+    except KeyboardInterrupt:  # every rank got it: stop at once, the launcher says the rest
+        return 130
     except AttnlabError as e:
         if par.is_main or not getattr(e, "every_rank", False):
             raise AttnlabError(f"rank {par.rank}: {e}") from None

@@ -4,7 +4,8 @@
 Each worker is `python -m attnlab ARGS` with RANK, WORLD_SIZE, MASTER_ADDR, ... set, exactly as
 under torchrun, so one code path serves `attnlab train --nproc N` on one machine and torchrun on
 many. The launcher watches its workers; when one dies (a crash, kill -9) it stops the others and
-`launch` raises an AttnlabError naming the ranks and how each ended.
+`launch` raises an AttnlabError naming the ranks and how each ended; on Ctrl-C (SIGINT, SIGTERM)
+the workers are stopped and `launch` raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from attnlab.errors import AttnlabError
 
 def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
     """Run `python -m attnlab *args` on `nproc` local processes; return when all succeeded."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -33,11 +35,14 @@ def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     # the agent's lines (rendezvous, "closing signal", the failure) would bury the workers' own;
     # a failure comes back as the AttnlabError below
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "attnlab", *args)
     except ChildFailedError as e:
         raise AttnlabError(describe_failures(e.failures, nproc)) from None
+    except SignalException as e:  # Ctrl-C or a termination signal: the agent stopped the workers
+        raise KeyboardInterrupt(str(e)) from None
 
 
 def describe_failures(failures: dict, nproc: int) -> str:
