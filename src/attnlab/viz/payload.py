@@ -47,4 +47,14 @@ def payload(ma: ModelAttention, text: str | None = None) -> dict:
                 raise AttnlabError(f"{name}: expected ({n_layers}, {H}, {rows}, D), "
                                    f"got {fmt_shape(a.shape)}")
             out[name] = _b64(a, np.float32)
+    out["head_stats"] = _head_stats(ma)
     return out
+
+
+def _head_stats(ma) -> dict:
+    """The heads view's data: every statistic per head, the labels, and the label rules."""
+    from attnlab.explain.heads import head_stats
+    from attnlab.viz.heads_report import rules_text
+
+    doc = head_stats(ma).to_json()
+    return {"stats": doc["stats"], "labels": doc["labels"], "rules": rules_text()}

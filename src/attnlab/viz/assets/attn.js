@@ -1,4 +1,4 @@
-/* attnlab views: head view, model view, step view, PNG/SVG export. No network, no libraries.
+/* attnlab views: head view, model view, step view, heads view, PNG/SVG export. No network, no libraries.
    Tokens are only ever written with textContent (never innerHTML), so any text stays text. */
 (function () {
   "use strict";
@@ -6,7 +6,8 @@
   var FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif";
   var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#e6550d", "#8c564b",
                  "#d6338a", "#138d90", "#7a7a00", "#555555", "#393b79", "#ad494a"];
-  var state = { data: null, layer: 0, head: 0, token: 0, view: "head", pinned: null };
+  var state = { data: null, layer: 0, head: 0, token: 0, view: "head", pinned: null,
+                stat: "prev" };
 
   function $(id) { return document.getElementById(id); }
 
@@ -221,6 +222,58 @@
     render();
   }
 
+  // ---- heads view: layers x heads coloured by one statistic; hover for the label, click to open
+  var UNIT_FREE = { entropy: 1, offset: 1 };  // not on a 0..1 scale: coloured over their range
+  function drawHeads() {
+    var d = state.data, hs = d.head_stats, cell = 54, pad = 4, left = 40, top = 48;
+    var width = Math.max(560, left + d.n_heads * (cell + pad) + 10);
+    var height = top + d.n_layers * (cell + pad) + 10;
+    var svg = newDrawing(width, height);
+    svg.setAttribute("data-stat", state.stat);
+    if (!hs) {
+      svg.appendChild(label(10, 18, "heads view: no head statistics in this page"));
+      return;
+    }
+    var values = hs.stats[state.stat], lo = 0, hi = 1;
+    if (UNIT_FREE[state.stat]) {
+      lo = Infinity; hi = -Infinity;
+      values.forEach(function (r) { r.forEach(function (v) {
+        if (v != null) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
+      if (!(hi > lo)) { lo = 0; hi = 1; }
+    }
+    svg.appendChild(label(10, 18, "heads view: " + state.stat + " per head (hover for the label, " +
+                          "click to open the head)", { "font-size": 12, fill: "#555" }));
+    for (var h = 0; h < d.n_heads; h++) {
+      svg.appendChild(label(left + h * (cell + pad) + cell / 2, top - 8, "H" + h,
+                            { "text-anchor": "middle", "font-size": 11 }));
+    }
+    for (var l = 0; l < d.n_layers; l++) {
+      svg.appendChild(label(4, top + l * (cell + pad) + cell / 2 + 4, "L" + l, { "font-size": 11 }));
+      for (h = 0; h < d.n_heads; h++) {
+        var v = values[l][h], x = left + h * (cell + pad), y = top + l * (cell + pad);
+        var t = v == null ? 0 : Math.max(0, Math.min(1, (v - lo) / (hi - lo)));
+        var fill = v == null ? "#d4d4d4" :
+          "rgb(" + Math.round(255 - 247 * t) + "," + Math.round(255 - 207 * t) + "," +
+          Math.round(255 - 148 * t) + ")";
+        var text = v == null ? "–" : state.stat === "offset" ? (v > 0 ? "+" : "") + v :
+          v.toFixed(2);
+        var g = el("g", { "class": "headcell", "data-layer": l, "data-head": h,
+                          "data-value": v == null ? "" : v, "data-label": hs.labels[l][h],
+                          cursor: "pointer" });
+        g.appendChild(el("rect", { x: x, y: y, width: cell, height: cell, fill: fill,
+                                   stroke: "#999", "stroke-width": 1 }));
+        g.appendChild(label(x + cell / 2, y + cell / 2 + 4, text,
+                            { "text-anchor": "middle", "font-size": 11,
+                              fill: t > 0.6 ? "#fff" : "#222" }));
+        g.appendChild(el("title", {}, "layer " + l + ", head " + h + ": " + hs.labels[l][h] +
+                         " (" + state.stat + " = " + text + ")"));
+        g.addEventListener("click", openThumb.bind(null, l, h));
+        svg.appendChild(g);
+      }
+    }
+    readout("Labels: " + hs.rules);
+  }
+
   // ---- step view: the lesson's pipeline for one token and head, with the model's numbers
   function steps(l, h, i) {
     var d = state.data, q = row(d.Q, l, h, i, d.L, d.D), r = [];
@@ -328,8 +381,10 @@
     document.querySelectorAll(".tab").forEach(function (b) {
       b.setAttribute("aria-pressed", String(b.getAttribute("data-view") === state.view));
     });
+    $("stat").value = state.stat;
     if (state.view === "model") drawModel();
     else if (state.view === "step") drawStep();
+    else if (state.view === "heads") drawHeads();
     else drawHead();
   }
   function show(raw) {
@@ -342,6 +397,10 @@
     fill($("layer"), d.n_layers, String);
     fill($("head"), d.n_heads, String);
     fill($("token"), d.L, function (t) { return t + ": " + short(d.tokens[t], 24); });
+    var names = d.head_stats ? Object.keys(d.head_stats.stats) : [];
+    fill($("stat"), names.length, function (k) { return names[k]; });
+    $("stat").querySelectorAll("option").forEach(function (o, k) { o.value = names[k]; });
+    if (names.length && names.indexOf(state.stat) < 0) state.stat = names[0];
     $("title").textContent = d.text == null ? d.tokens.join(" ") : d.text;
     $("meta").textContent = d.model + " \u00b7 " + d.n_layers + " layers \u00d7 " + d.n_heads +
       " heads \u00b7 " + d.L + " tokens" + (d.causal ? " \u00b7 causal" : "");
@@ -420,6 +479,7 @@
     $("layer").addEventListener("change", function () { state.layer = +this.value; render(); });
     $("head").addEventListener("change", function () { state.head = +this.value; render(); });
     $("token").addEventListener("change", function () { state.token = +this.value; render(); });
+    $("stat").addEventListener("change", function () { state.stat = this.value; render(); });
     document.querySelectorAll(".tab").forEach(function (b) {
       b.addEventListener("click", function () { state.view = b.getAttribute("data-view"); render(); });
     });
@@ -428,7 +488,8 @@
     // a link can open a given state: page.html#view=step&layer=2&head=8&token=8 (pin=8 pins)
     location.hash.slice(1).split("&").forEach(function (kv) {
       var k = kv.split("=")[0], v = kv.split("=")[1];
-      if (k === "view" && ["head", "model", "step"].indexOf(v) >= 0) state.view = v;
+      if (k === "view" && ["head", "model", "step", "heads"].indexOf(v) >= 0) state.view = v;
+      else if (k === "stat" && /^[a-z_]+$/.test(v)) state.stat = v;
       else if (["layer", "head", "token", "pin"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
         state[k === "pin" ? "pinned" : k] = +v;
       }
