@@ -142,8 +142,8 @@ def results(name: str) -> dict[str, str]:
 
 
 def table(names) -> str:
-    rows = ["| module | tried | killed | timed out | survived | not run | kill rate | time |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| module | sample | tried | killed | timed out | survived | not run | kill rate "
+            "| time | commit |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         r = results(name)
         info = WORK / name / "run.json"
@@ -159,8 +159,8 @@ def table(names) -> str:
         tried = killed + hung + surv
         rate = f"{100 * (killed + hung) / tried:.1f}%" if tried else "-"
         t = f"{info['seconds'] / 60:.0f} min" if "seconds" in info else "running"
-        rows.append(f"| {name} | {tried} | {killed} | {hung} | {surv} | {c['not checked']} | "
-                    f"{rate} | {t} |")
+        rows.append(f"| {name} | 1 in {sample} | {tried} | {killed} | {hung} | {surv} | "
+                    f"{c['not checked']} | {rate} | {t} | {info['commit']} |")
     return "\n".join(rows)
 
 
