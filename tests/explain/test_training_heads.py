@@ -64,3 +64,15 @@ def test_track_heads_command(tmp_path, capsys, monkeypatch):
                  "-o", str(svg)]) == 0
     assert svg.is_file()
     assert main(["track-heads", "--plot-only", "--stat", "nope", "-o", str(svg)]) == 2
+
+
+def test_train_track_heads_flag(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["train", "--out", str(out), "--max-steps", "4", "--eval-interval", "2",
+               "--batch-size", "4", "--quiet", "--track-heads"])
+    capsys.readouterr()
+    assert rc == 0
+    lines = read_heads(out)
+    assert [d["step"] for d in lines] == [0, 2, 4] and list(lines[-1]["stats"]) == list(STATS)
+    assert main(["train", "--out", str(tmp_path / "p"), "--nproc", "2", "--track-heads"]) == 2
+    assert "--track-heads: one process only" in capsys.readouterr().err

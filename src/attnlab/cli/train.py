@@ -39,6 +39,9 @@ def add_parser(sub):
                    help="seconds a process waits for the others before the run stops with an "
                    "error (default: 300)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--track-heads", action="store_true",
+                   help="at every evaluation, write head statistics on a repeated-random probe "
+                   "to OUT/heads.jsonl (one process; see attnlab track-heads)")
     return p
 
 
@@ -58,6 +61,8 @@ def run(args) -> int:
     if launched():
         return _worker(args, out)
     nproc = _nproc(args)
+    if nproc > 1 and args.track_heads:
+        raise AttnlabError("--track-heads: one process only; leave out --nproc/--dp/--cp")
     if nproc > 1:
         _check_out(args, out)
         return _launch(args, out, nproc)
@@ -69,6 +74,12 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     trainer = _trainer(args, out, None)
     _header(trainer, out)
+    if args.track_heads:
+        from attnlab.explain.training import track_heads
+
+        track_heads(trainer, every=trainer.config.eval_interval)
+        _summary(trainer, out, _peak_mib())
+        return 0
     try:
         trainer.run(handle_interrupt=True)
     except KeyboardInterrupt:
