@@ -61,7 +61,9 @@ def describe_failures(failures: dict, nproc: int) -> str:
         else:
             how = f"exited with code {f.exitcode}"
         parts.append(f"rank {rank} (pid {f.pid}) {how}")
-    return f"the run of {nproc} processes stopped: " + "; ".join(parts)
+    said = any(f.exitcode is not None and f.exitcode > 0 for f in failures.values())
+    return (f"the run of {nproc} processes stopped: " + "; ".join(parts)
+            + (" (the workers' messages are above)" if said else ""))
 
 
 def _signal_name(num: int) -> str:

@@ -238,9 +238,9 @@ class Trainer:
         error = None
         if par is None or par.is_main:
             try:
+                tensors = {k: v.cpu() for k, v in trainer_tensors(self.optimizer).items()}
                 save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
-                                state=self.state(),
-                                trainer_tensors=trainer_tensors(self.optimizer))
+                                state=self.state(), trainer_tensors=tensors)
             except (AttnlabError, OSError) as e:
                 error = e
         if par is not None and not par.all_ok(error is None) and error is None:
