@@ -84,6 +84,15 @@ def test_bad_layouts_give_one_clear_line(capsys, tmp_path, argv, needles):
     assert len(err.splitlines()) == 1 and all(n in err for n in needles), err
 
 
+def test_a_torchrun_worker_refuses_what_needs_one_process(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--out", str(tmp_path / "r"), "--track-heads"]) == 2
+    assert "--track-heads: one process only" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "r"), "--nproc", "4"]) == 2
+    assert "--nproc: 4, but torchrun started 2 processes" in capsys.readouterr().err
+
+
 def test_failures_are_named_cause_first():
     def f(pid, code, ts):
         return SimpleNamespace(pid=pid, exitcode=code, timestamp=ts)

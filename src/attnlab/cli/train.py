@@ -227,6 +227,9 @@ def _worker(args, out: Path) -> int:
     from attnlab.models.parallel import setup
 
     world = int(os.environ["WORLD_SIZE"])
+    if getattr(args, "track_heads", False):
+        raise AttnlabError("--track-heads: one process only; torchrun started "
+                           f"{world} processes")
     if args.nproc is not None and args.nproc != world:
         raise AttnlabError(f"--nproc: {args.nproc}, but torchrun started {world} processes")
     import torch
