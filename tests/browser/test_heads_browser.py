@@ -57,3 +57,22 @@ def test_clicking_a_cell_opens_the_head(page):
     assert page.get_attribute("#drawing", "data-view") == "head"
     assert page.get_attribute("#drawing", "data-layer") == "2"
     assert page.get_attribute("#drawing", "data-head") == "1"
+
+
+def test_rollout_is_a_matrix_of_the_model_view(page, capture):
+    from attnlab.explain.attention_flow import rollout
+
+    page.click(".tab[data-view='model']")
+    assert page.locator("#drawing .thumb").count() == 12
+    page.click("#drawing .rollout-thumb")
+    assert page.get_attribute("#drawing", "data-view") == "head"
+    assert page.get_attribute("#drawing", "data-matrix") == "rollout"
+    want = rollout(capture.weights)
+    got = page.eval_on_selector_all(
+        "#drawing .link", "els => els.map(e => [+e.dataset.i, +e.dataset.j, "
+        "+e.getAttribute('stroke-opacity')])")
+    assert len(got) > len(TOKENS)
+    for i, j, opacity in got:
+        assert opacity == pytest.approx(want[i, j], abs=1e-4)
+    page.select_option("#head", "1")  # picking a head leaves the rollout
+    assert page.get_attribute("#drawing", "data-matrix") == "head"

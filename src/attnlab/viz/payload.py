@@ -48,6 +48,12 @@ def payload(ma: ModelAttention, text: str | None = None) -> dict:
                                    f"got {fmt_shape(a.shape)}")
             out[name] = _b64(a, np.float32)
     out["head_stats"] = _head_stats(ma)
+    out["rollout"] = None
+    if L == S:  # self-attention: attention rollout through every layer, heads averaged
+        from attnlab.explain.attention_flow import rollout
+
+        out["rollout"] = _b64(rollout(np.nan_to_num(np.asarray(ma.weights), nan=0.0)),
+                              np.float32)
     return out
 
 

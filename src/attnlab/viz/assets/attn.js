@@ -7,7 +7,7 @@
   var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#e6550d", "#8c564b",
                  "#d6338a", "#138d90", "#7a7a00", "#555555", "#393b79", "#ad494a"];
   var state = { data: null, layer: 0, head: 0, token: 0, view: "head", pinned: null,
-                stat: "prev" };
+                stat: "prev", matrix: null };  // matrix "rollout": the head view shows rollout
 
   function $(id) { return document.getElementById(id); }
 
@@ -26,11 +26,15 @@
     d.Q = floats(raw.queries);  // (layers, H, L, D)
     d.K = floats(raw.keys);     // (layers, H, S, D)
     d.V = floats(raw.values);   // (layers, H, S, Dv)
+    d.R = floats(raw.rollout);  // (L, S) attention rollout over every layer, or null
     return d;
   }
   function weight(l, h, i, j) {
     var d = state.data;
     return d.W[((l * d.n_heads + h) * d.L + i) * d.S + j];
+  }
+  function shown(l, h, i, j) {  // what the head view draws: a head's weights, or the rollout
+    return state.matrix === "rollout" ? state.data.R[i * state.data.S + j] : weight(l, h, i, j);
   }
   function allowed(i, j) { return state.data.M[i * state.data.S + j] === 1; }
   function row(A, l, h, i, n, D) {
@@ -83,7 +87,11 @@
     var xL = pctW + colW, xR = xL + gap;
     var width = xR + colW + pctW, height = top + rowH * Math.max(d.L, d.S) + 10;
     var svg = newDrawing(width, height);
-    svg.appendChild(label(10, 20, "layer " + l + ", head " + h + ": each token (left) borrows from " +
+    svg.setAttribute("data-matrix", state.matrix || "head");
+    svg.appendChild(label(10, 20, state.matrix === "rollout" ?
+                          "attention rollout through every layer (heads averaged): where each " +
+                          "token (left) came from (right); line opacity = share" :
+                          "layer " + l + ", head " + h + ": each token (left) borrows from " +
                           "(right); line opacity = weight", { "font-size": 12, fill: "#555" }));
     var color = PALETTE[h % PALETTE.length], links = el("g", { "class": "links" });
     var byQuery = [], byKey = [];
@@ -91,7 +99,7 @@
     for (var j = 0; j < d.S; j++) byKey.push([]);
     for (i = 0; i < d.L; i++) {
       for (j = 0; j < d.S; j++) {
-        var w = weight(l, h, i, j);
+        var w = shown(l, h, i, j);
         if (!allowed(i, j) || w < 0.002) continue;  // invisible anyway; keeps the page light
         var line = el("line", { "class": "link", x1: xL + 6, y1: top + rowH * i + 11,
                                 x2: xR - 6, y2: top + rowH * j + 11, stroke: color,
@@ -143,7 +151,7 @@
       var ranked = [];
       for (var o = 0; o < (isQuery ? d.S : d.L); o++) {
         var qi = isQuery ? t : o, kj = isQuery ? o : t, on = allowed(qi, kj);
-        var wv = weight(l, h, qi, kj);
+        var wv = shown(l, h, qi, kj);
         (isQuery ? kPct : qPct)[o].textContent = on ? pct(wv) : "masked";
         if (on) ranked.push([wv, o]);
       }
@@ -170,14 +178,14 @@
   }
 
   // ---- model view: layers x heads heatmap thumbnails; click one to open it in the head view
-  function heatmapURL(l, h) {
+  function heatmapURL(l, h, at) {
     var d = state.data, c = document.createElement("canvas");
     c.width = d.S;
     c.height = d.L;
     var ctx = c.getContext("2d"), img = ctx.createImageData(d.S, d.L);
     for (var i = 0; i < d.L; i++) {
       for (var j = 0; j < d.S; j++) {
-        var o = 4 * (i * d.S + j), w = weight(l, h, i, j);
+        var o = 4 * (i * d.S + j), w = at ? at(i, j) : weight(l, h, i, j);
         var rgb = allowed(i, j) ? [255 - 247 * w, 255 - 207 * w, 255 - 148 * w] : [200, 200, 200];
         img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2];
         img.data[o + 3] = 255;
@@ -189,6 +197,7 @@
   function drawModel() {
     var d = state.data, cell = Math.max(44, Math.min(90, 4 * d.L)), pad = 8, left = 40, top = 48;
     var width = Math.max(560, left + d.n_heads * (cell + pad) + 10), height = top + d.n_layers * (cell + pad) + 10;
+    if (d.R) height += cell + 30;
     var svg = newDrawing(width, height);
     svg.appendChild(label(10, 18, "model view: rows = layers, columns = heads (click one to open " +
                           "it; grey = masked)", { "font-size": 12, fill: "#555" }));
@@ -213,9 +222,28 @@
         svg.appendChild(g);
       }
     }
-    readout("Click a thumbnail to open that head.");
+    if (d.R) {  // attention rollout: every layer at once, heads averaged
+      var ry = top + d.n_layers * (cell + pad) + 24;
+      svg.appendChild(label(left, ry - 6, "attention rollout (all layers, heads averaged)",
+                            { "font-size": 11 }));
+      var rg = el("g", { "class": "rollout-thumb", cursor: "pointer" });
+      rg.appendChild(el("image", { x: left, y: ry, width: cell, height: cell,
+                                   href: heatmapURL(0, 0, function (i, j) { return d.R[i * d.S + j]; }),
+                                   preserveAspectRatio: "none", style: "image-rendering: pixelated" }));
+      rg.appendChild(el("rect", { x: left, y: ry, width: cell, height: cell, fill: "none",
+                                  stroke: state.matrix === "rollout" ? "#d62728" : "#999" }));
+      rg.appendChild(el("title", {}, "attention rollout"));
+      rg.addEventListener("click", function () {
+        state.matrix = "rollout";
+        state.view = "head";
+        render();
+      });
+      svg.appendChild(rg);
+    }
+    readout("Click a thumbnail to open that head" + (d.R ? ", or the rollout." : "."));
   }
   function openThumb(l, h) {
+    state.matrix = null;
     state.layer = l;
     state.head = h;
     state.view = "head";
@@ -391,6 +419,7 @@
     var d = load(raw);
     if (state.data !== null) state.pinned = null;  // a new sentence: the old pin means nothing
     state.data = d;
+    if (!d.R) state.matrix = null;
     state.layer = Math.min(state.layer, d.n_layers - 1);
     state.head = Math.min(state.head, d.n_heads - 1);
     state.token = Math.min(state.token, d.L - 1);
@@ -476,8 +505,12 @@
   }
 
   function init() {
-    $("layer").addEventListener("change", function () { state.layer = +this.value; render(); });
-    $("head").addEventListener("change", function () { state.head = +this.value; render(); });
+    $("layer").addEventListener("change", function () {
+      state.layer = +this.value; state.matrix = null; render();
+    });
+    $("head").addEventListener("change", function () {
+      state.head = +this.value; state.matrix = null; render();
+    });
     $("token").addEventListener("change", function () { state.token = +this.value; render(); });
     $("stat").addEventListener("change", function () { state.stat = this.value; render(); });
     document.querySelectorAll(".tab").forEach(function (b) {
@@ -490,6 +523,7 @@
       var k = kv.split("=")[0], v = kv.split("=")[1];
       if (k === "view" && ["head", "model", "step", "heads"].indexOf(v) >= 0) state.view = v;
       else if (k === "stat" && /^[a-z_]+$/.test(v)) state.stat = v;
+      else if (k === "matrix" && v === "rollout") state.matrix = v;
       else if (["layer", "head", "token", "pin"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
         state[k === "pin" ? "pinned" : k] = +v;
       }
