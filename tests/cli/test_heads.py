@@ -89,3 +89,27 @@ def test_rollout_command(capsys, tmp_path):
 def test_errors_are_one_line(capsys, args, message):
     rc, _, err = cli(capsys, *args)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_plot_stat_and_plot_run(capsys, tmp_path):
+    png = tmp_path / "first.png"
+    rc, out, err = cli(capsys, "plot", SENTENCE, "--stat", "first", "-o", str(png))
+    assert rc == 0 and err == "" and "first per head" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    run = tmp_path / "run"
+    run.mkdir()
+    grid = {name: [[0.1, None]] for name in STATS}
+    (run / "heads.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": loss, "val_loss": None, "stats": grid,
+                    "labels": [["-", "-"]]}) + "\n" for s, loss in ((0, None), (5, 2.5))))
+    svg = tmp_path / "ind.svg"
+    rc, out, err = cli(capsys, "plot", "--run", str(run), "--stat", "induction", "-o", str(svg))
+    assert rc == 0 and err == "" and svg.read_text().lstrip().startswith("<?xml")
+    for args, message in ((["--run", str(run)], "--stat: give the statistic"),
+                          (["x", "--run", str(run), "--stat", "max"], "leave out TEXT"),
+                          (["--stat", "nope"], "--stat 'nope'"),
+                          (["--stat", "max"], "TEXT: give the text")):
+        rc, _, err = cli(capsys, "plot", *args, "-o", str(svg))
+        assert rc == 2 and message in err, (args, err)
+    rc, _, err = cli(capsys, "plot", "-o", str(svg))
+    assert rc == 2 and "TEXT: give the text" in err

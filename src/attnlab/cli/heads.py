@@ -110,3 +110,33 @@ def run(args) -> int:
         if not (args.json or args.csv):
             print(f"wrote {args.output} ({sort} per head)")
     return 0
+
+
+def plot_stat(text, out, *, stat, run=None, model=None) -> str:
+    """`attnlab plot --stat` (a heatmap over `text`) or `--run DIR --stat` (curves over training);
+    returns the line to print."""
+    from attnlab.errors import AttnlabError
+
+    if stat is None:
+        raise AttnlabError(f"--stat: give the statistic to draw, one of {', '.join(STATS)}")
+    if stat not in STATS:
+        raise AttnlabError(f"--stat {stat!r}: expected one of {', '.join(STATS)}")
+    if run is not None:
+        if text is not None:
+            raise AttnlabError("--run: draws a training run; leave out TEXT")
+        from attnlab.viz.head_figures import draw_run
+
+        draw_run(run, stat, out)
+        return f"wrote {out} ({stat} per head over the run in {run})"
+    if text is None:
+        raise AttnlabError("TEXT: give the text to run the model on (or --run DIR)")
+    from attnlab.adapters.quiet import quiet_transformers
+    from attnlab.explain.heads import head_stats
+    from attnlab.explain.model import load_model, run_model
+    from attnlab.viz.head_figures import figure_stat, save_figure
+
+    quiet_transformers()
+    loaded = load_model(model)
+    stats = head_stats(run_model(text, loaded), special=loaded.special_tokens)
+    save_figure(figure_stat(stats, stat), out)
+    return f"wrote {out} ({loaded.name}, {stat} per head)"

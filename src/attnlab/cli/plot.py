@@ -2,6 +2,9 @@
 
 No --layer: every layer and head as thumbnails; --layer L: that layer's heads as a grid;
 --layer L --head H: one head with every token labelled. Masked cells are grey and hatched.
+--stat NAME: a layers × heads heatmap of a head statistic over TEXT (see `attnlab heads`);
+--run DIR --stat NAME: that statistic per head over a run trained with --track-heads, next to
+the loss.
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ from pathlib import Path
 def add_parser(sub):
     p = sub.add_parser("plot", help="draw a model's attention on a text as PNG or SVG",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text", help="the text to run the model on")
+    p.add_argument("text", nargs="?", help="the text to run the model on (not with --run)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="where to write the figure (.png or .svg)")
     p.add_argument("--layer", type=int, help="one layer (negative counts from the last)")
     p.add_argument("--head", type=int, help="one head of --layer")
     p.add_argument("--model", metavar="PATH", default=None,
                    help="a local model directory (default: the packaged all-MiniLM-L6-v2)")
+    p.add_argument("--stat", metavar="NAME", help="draw this head statistic per head instead")
+    p.add_argument("--run", metavar="DIR",
+                   help="with --stat: a run directory holding heads.jsonl (--track-heads)")
     return p
 
 
@@ -37,6 +43,13 @@ def run(args) -> int:
         raise AttnlabError(f"--head {args.head}: needs --layer too")
     if not out.parent.is_dir():
         raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
+    if args.stat is not None or args.run is not None:
+        from attnlab.cli.heads import plot_stat
+
+        print(plot_stat(args.text, out, stat=args.stat, run=args.run, model=args.model))
+        return 0
+    if args.text is None:
+        raise AttnlabError("TEXT: give the text to run the model on")
     quiet_transformers()  # no loading progress bars around our one line of output
     ma = run_model(args.text, args.model)
     save_plot(ma, out, args.layer, args.head)

@@ -59,23 +59,9 @@ def run(args) -> int:
         print(f"wrote {path}: step {last['step']}, loss {last['loss']:.3f}, largest induction "
               f"score {best:.2f}")
     if args.output:
-        draw(args.out, args.stat, args.output)
+        from attnlab.viz.head_figures import draw_run
+
+        draw_run(args.out, args.stat, args.output)
         print(f"wrote {args.output}")
     return 0
 
-
-def draw(run_dir, stat: str, output) -> None:
-    import numpy as np
-
-    from attnlab.explain.training import read_heads
-    from attnlab.viz.head_figures import figure_curves, save_figure
-
-    lines = read_heads(run_dir)
-    steps = [d["step"] for d in lines]
-    values = np.array([[[np.nan if v is None else v for v in row] for row in d["stats"][stat]]
-                       for d in lines], dtype=float)  # (T, layers, heads)
-    trained = [d for d in lines if d["loss"] is not None]
-    fig = figure_curves(steps, values, [d["step"] for d in trained],
-                        [d["loss"] for d in trained], stat,
-                        f"{stat} on a repeated-random probe while training ({run_dir})")
-    save_figure(fig, output)

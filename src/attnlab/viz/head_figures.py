@@ -102,3 +102,19 @@ def save_figure(fig, path) -> Path:
         raise AttnlabError(f"path: expected a file ending in .png or .svg, got {str(path)!r}")
     fig.savefig(out, dpi=130)
     return out
+
+
+
+def draw_run(run_dir, stat: str, output) -> None:
+    """A run's heads.jsonl (`track_heads`) as `figure_curves`, written to `output`."""
+    from attnlab.explain.training import read_heads
+
+    lines = read_heads(run_dir)
+    steps = [d["step"] for d in lines]
+    values = np.array([[[np.nan if v is None else v for v in row] for row in d["stats"][stat]]
+                       for d in lines], dtype=float)  # (T, layers, heads)
+    trained = [d for d in lines if d["loss"] is not None]
+    fig = figure_curves(steps, values, [d["step"] for d in trained],
+                        [d["loss"] for d in trained], stat,
+                        f"{stat} on a repeated-random probe while training ({run_dir})")
+    save_figure(fig, output)
