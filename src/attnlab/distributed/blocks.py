@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.ops import fused_cpu, scores
+
 
 def _grouped(x: torch.Tensor, Hkv: int) -> torch.Tensor:
     B, H, Lb, D = x.shape
@@ -42,27 +44,18 @@ def _sanitize(q, k, v, allowed):
 
 
 def _scores(q, k, scale, softcap, allowed):
-    """(scores with -inf where masked, tanh of the capped scores or None), (B, H, Lb, Sb)."""
+    """(scores with -inf where masked, tanh of the capped scores or None), (B, H, Lb, Sb), through
+    the op's one score pipeline (`ops.scores`)."""
     H, Hkv = q.shape[1], k.shape[1]
-    # (B, Hkv, G·Lb, D) @ (B, Hkv, D, Sb) -> (B, Hkv, G·Lb, Sb)
-    s = _grouped(q, Hkv) @ k.transpose(-1, -2)
-    s = _ungrouped(s, H) * scale  # -> (B, H, Lb, Sb)
-    t = None
-    if softcap is not None:
-        t = torch.tanh(s / softcap)
-        s = softcap * t
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    return s, t
-
-
-_FUSED_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    # (B, Hkv, G·Lb, D) @ (B, Hkv, D, Sb) -> (B, Hkv, G·Lb, Sb) -> (B, H, Lb, Sb)
+    s = _ungrouped(scores.product(_grouped(q, Hkv), k, scale), H)
+    return scores.modify(s, softcap=softcap, allowed=allowed)
 
 
 def _fused_ok(q, k, v, softcap, dlse) -> bool:
-    """PyTorch's CPU flash backward takes the global out and lse as they are; it knows no softcap,
-    no lse gradient and no grouped heads, and it wants equal head dims."""
-    return (_FUSED_BWD is not None and q.device.type == "cpu" and softcap is None
+    """PyTorch's CPU flash backward (`ops.fused_cpu`) takes the global out and lse as they are; it
+    knows no softcap, no lse gradient and no grouped heads, and it wants equal head dims."""
+    return (fused_cpu.available(q.device) and q.dtype in fused_cpu.DTYPES and softcap is None
             and q.shape[1] == k.shape[1] and q.shape[-1] == v.shape[-1]
             and q.shape[2] > 0 and not bool(dlse.any()))
 
@@ -71,12 +64,7 @@ def _fused_backward(q, k, v, allowed, scale, out, lse, dout):
     bias = None
     if allowed is not None:  # (Bm, Hm, Lb, Sb): 0 where allowed, -inf where masked
         bias = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
-    # a row that attends nothing (lse -inf) must weigh every key exp(-inf - (+inf)) = 0
-    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-    dq, dk, dv = _FUSED_BWD(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
-                            out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=bias,
-                            scale=scale)
-    return dq, dk, dv
+    return fused_cpu.backward(dout, q, k, v, out, lse, scale=scale, attn_mask=bias)
 
 
 def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
@@ -87,8 +75,7 @@ def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
         return _fused_backward(q, k, v, allowed, scale, out, lse, dout)
     H, Hkv = q.shape[1], k.shape[1]
     s, t = _scores(q, k, scale, softcap, allowed)
-    lse = lse[..., None]  # (B, H, Lb, 1)
-    p = s.sub_(torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)).exp_()
+    p = s.sub_(scores.lse_for_exp(lse)[..., None]).exp_()  # (B, H, Lb, Sb) - (B, H, Lb, 1)
     # (B, Hkv, G·Lb, Dv) @ (B, Hkv, Dv, Sb) -> (B, H, Lb, Sb)
     dp = _ungrouped(_grouped(dout, Hkv) @ v.transpose(-1, -2), H)
     delta = (dout * out).sum(-1, keepdim=True) - dlse[..., None]  # (B, H, Lb, 1)
