@@ -95,7 +95,7 @@ def flow_values(mats: np.ndarray) -> np.ndarray:
         from scipy.sparse import csr_matrix
         from scipy.sparse.csgraph import maximum_flow
     except ImportError:
-        raise AttnlabError("attention flow needs scipy: pip install scipy") from None
+        raise AttnlabError("attention flow needs scipy: pip install 'attnlab[stats]'") from None
     n, L = mats.shape[0], mats.shape[-1]
     cap = np.rint(mats * CAPACITY_UNIT).astype(np.int32)  # (layers, L, L)
     layer, i, j = np.nonzero(cap)
