@@ -64,6 +64,16 @@
     for (var k in extra || {}) a[k] = extra[k];
     return el("text", a, text);
   }
+  // "H0 H1 ..." above the columns and "L0 L1 ..." beside the rows of a layers x heads grid
+  function gridLabels(svg, d, left, top, step, cell) {
+    for (var h = 0; h < d.n_heads; h++) {
+      svg.appendChild(label(left + h * step + cell / 2, top - 8, "H" + h,
+                            { "text-anchor": "middle", "font-size": 11 }));
+    }
+    for (var l = 0; l < d.n_layers; l++) {
+      svg.appendChild(label(4, top + l * step + cell / 2 + 4, "L" + l, { "font-size": 11 }));
+    }
+  }
   function newDrawing(width, height) {
     var svg = $("drawing");
     while (svg.firstChild) svg.removeChild(svg.firstChild);
@@ -201,13 +211,9 @@
     var svg = newDrawing(width, height);
     svg.appendChild(label(10, 18, "model view: rows = layers, columns = heads (click one to open " +
                           "it; grey = masked)", { "font-size": 12, fill: "#555" }));
-    for (var h = 0; h < d.n_heads; h++) {
-      svg.appendChild(label(left + h * (cell + pad) + cell / 2, top - 8, "H" + h,
-                            { "text-anchor": "middle", "font-size": 11 }));
-    }
+    gridLabels(svg, d, left, top, cell + pad, cell);
     for (var l = 0; l < d.n_layers; l++) {
-      svg.appendChild(label(4, top + l * (cell + pad) + cell / 2 + 4, "L" + l, { "font-size": 11 }));
-      for (h = 0; h < d.n_heads; h++) {
+      for (var h = 0; h < d.n_heads; h++) {
         var x = left + h * (cell + pad), y = top + l * (cell + pad);
         var g = el("g", { "class": "thumb", "data-layer": l, "data-head": h, cursor: "pointer" });
         g.appendChild(el("image", { x: x, y: y, width: cell, height: cell, href: heatmapURL(l, h),
@@ -271,13 +277,9 @@
     }
     svg.appendChild(label(10, 18, "heads view: " + state.stat + " per head (hover for the label, " +
                           "click to open the head)", { "font-size": 12, fill: "#555" }));
-    for (var h = 0; h < d.n_heads; h++) {
-      svg.appendChild(label(left + h * (cell + pad) + cell / 2, top - 8, "H" + h,
-                            { "text-anchor": "middle", "font-size": 11 }));
-    }
+    gridLabels(svg, d, left, top, cell + pad, cell);
     for (var l = 0; l < d.n_layers; l++) {
-      svg.appendChild(label(4, top + l * (cell + pad) + cell / 2 + 4, "L" + l, { "font-size": 11 }));
-      for (h = 0; h < d.n_heads; h++) {
+      for (var h = 0; h < d.n_heads; h++) {
         var v = values[l][h], x = left + h * (cell + pad), y = top + l * (cell + pad);
         var t = v == null ? 0 : Math.max(0, Math.min(1, (v - lo) / (hi - lo)));
         var fill = v == null ? "#d4d4d4" :
