@@ -3,7 +3,9 @@
 `AttentionCall` is the record of one attention call; every runner makes the same record (the
 transformers adapter inside `attnlab.adapters.recording.record()`, attnlab's
 `CausalSelfAttention(record=[])`). `ModelAttention.from_calls` turns the records of one run on
-one text into `ModelAttention`, which explain interprets and viz draws.
+one text into `ModelAttention`, which explain interprets and viz draws;
+`ModelAttention.from_attentions` builds one from the weights any model returns
+(`output_attentions=True`), without queries, keys or values.
 
 Caution: imports nothing above it; the Jupyter hook imports `attnlab.viz` when it is called, and
 viz never imports this module at run time, so no import circle runs through the hook.
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, fmt_shape
 from attnlab.trace import Trace, trace
 
 
@@ -152,3 +154,62 @@ class ModelAttention:
             layer_masks=None if (masks == union).all() else masks,
             softcap=None if all(s is None for s in softcap) else softcap, bias=bias,
         )
+
+    @classmethod
+    def from_attentions(cls, attentions, tokens: Sequence[str], *, model_name: str = "model",
+                        include_layers: Sequence[int] | None = None,
+                        name: str = "attentions") -> ModelAttention:
+        """Self-attention weights only, from the per-layer (batch, H, L, S) tensors a model
+        returns with `output_attentions=True` (batch element 0 is kept).
+
+        Every layer must have the same shape, L = S = len(tokens), and each row must be a
+        probability distribution over the keys (non-negative, summing to 1; a row with no allowed
+        key may be all 0). `include_layers` keeps those layers, in that order. The capture is
+        causal when no layer puts weight above the diagonal; its mask is then the lower triangle,
+        else the keys some layer gave weight to. `name` is the argument named in errors.
+        """
+        if isinstance(attentions, (str, bytes)) or not isinstance(attentions, Sequence) \
+                or len(attentions) == 0:
+            raise AttnlabError(f"{name}: expected a non-empty tuple or list of per-layer "
+                               f"(batch, heads, L, S) tensors, got {type(attentions).__name__}")
+        arrays = [_numpy(a) for a in attentions]
+        for i, a in enumerate(arrays):
+            if a.ndim != 4 or min(a.shape) == 0:
+                raise AttnlabError(f"{name}[{i}]: expected (batch, heads, L, S), "
+                                   f"got {fmt_shape(a.shape)}")
+            if a.shape[1:] != arrays[0].shape[1:]:
+                raise AttnlabError(f"{name}: layers differ in shape: [0] is "
+                                   f"{fmt_shape(arrays[0].shape)}, [{i}] is {fmt_shape(a.shape)}")
+        weights = np.stack([a[0] for a in arrays]).astype(np.float64)  # (layers, H, L, S)
+        L, S = weights.shape[-2:]
+        tokens = [str(t) for t in tokens]
+        if L != S:
+            raise AttnlabError(f"{name}: expected self-attention (L = S), got "
+                               f"{fmt_shape(arrays[0].shape)}")
+        if len(tokens) != S:
+            raise AttnlabError(f"tokens: expected {S} (one per key of {name}), got {len(tokens)}")
+        if not np.isfinite(weights).all() or weights.min() < -1e-6:
+            raise AttnlabError(f"{name}: expected probabilities (finite, >= 0), got values in "
+                               f"[{np.nanmin(weights):.4g}, {np.nanmax(weights):.4g}]")
+        sums = weights.sum(axis=-1)  # (layers, H, L)
+        bad = ~(np.isclose(sums, 1.0, atol=1e-3) | np.isclose(sums, 0.0, atol=1e-6))
+        if bad.any():
+            lyr, h, i = (int(x) for x in np.argwhere(bad)[0])
+            raise AttnlabError(f"{name}: expected each row to sum to 1 over the keys (softmax "
+                               f"weights), got {sums[lyr, h, i]:.4g} at layer {lyr}, head {h}, "
+                               f"query {i}")
+        if include_layers is not None:
+            picked = []
+            for x in include_layers:
+                if isinstance(x, bool) or not isinstance(x, (int, np.integer)) \
+                        or not -len(arrays) <= x < len(arrays):
+                    raise AttnlabError(f"include_layers: expected layer indices in "
+                                       f"0..{len(arrays) - 1}, got {list(include_layers)!r}")
+                picked.append(int(x) % len(arrays))
+            if not picked:
+                raise AttnlabError("include_layers: expected at least one layer, got []")
+            weights = weights[picked]
+        causal = not np.triu(weights, 1).any()
+        mask = np.tril(np.ones((L, S), dtype=bool)) if causal else (weights != 0).any(axis=(0, 1))
+        return cls(tokens=tokens, weights=weights, mask=mask, scale=1.0, model_name=model_name,
+                   causal=bool(causal))

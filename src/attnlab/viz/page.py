@@ -62,8 +62,10 @@ def _fill(template: str, parts: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: parts[m.group(1)], template)
 
 
-def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bool = False) -> str:
-    """The page for one capture (`ma`), or the web app's page (`app=True`, data fetched later)."""
+def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bool = False,
+              opening: dict[str, int | str] | None = None) -> str:
+    """The page for one capture (`ma`), or the web app's page (`app=True`, data fetched later);
+    `opening` is where it opens, as a link's #fragment says it ({"view": "model", "layer": 2})."""
     data = ""
     if ma is not None:
         data = (f'<script type="application/json" id="attn-data">'
@@ -73,6 +75,7 @@ def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bo
         "csp": html.escape(csp(app)), "title": html.escape(title[:120]), "css": asset("attn.css"),
         "mode": "app" if app else "page", "form": _APP_FORM if app else "", "data": data,
         "js": asset("attn.js"),
+        "open": html.escape("&".join(f"{k}={v}" for k, v in (opening or {}).items())),
     })
 
 

@@ -520,8 +520,10 @@
     });
     $("export-png").addEventListener("click", exportPNG);
     $("export-svg").addEventListener("click", exportSVG);
-    // a link can open a given state: page.html#view=step&layer=2&head=8&token=8 (pin=8 pins)
-    location.hash.slice(1).split("&").forEach(function (kv) {
+    // a link can open a given state: page.html#view=step&layer=2&head=8&token=8 (pin=8 pins);
+    // the page itself can say where it opens (data-open, same syntax), the link overrides it
+    var opening = (document.body.getAttribute("data-open") || "") + "&" + location.hash.slice(1);
+    opening.split("&").forEach(function (kv) {
       var k = kv.split("=")[0], v = kv.split("=")[1];
       if (k === "view" && ["head", "model", "step", "heads"].indexOf(v) >= 0) state.view = v;
       else if (k === "stat" && /^[a-z_]+$/.test(v)) state.stat = v;
@@ -530,7 +532,7 @@
         state[k === "pin" ? "pinned" : k] = +v;
       }
     });
-    if (state.pinned != null && !/token=/.test(location.hash)) state.token = state.pinned;
+    if (state.pinned != null && !/token=/.test(opening)) state.token = state.pinned;
     var embedded = $("attn-data");
     if (embedded) show(JSON.parse(embedded.textContent));
     if (document.body.getAttribute("data-mode") === "app") startApp();

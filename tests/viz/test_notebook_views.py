@@ -1,0 +1,169 @@
+"""bertviz's head_view / model_view on any model's attentions: the page carries exactly the
+model's weights and tokens, the arguments mean what bertviz documents, and bad input is named."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import attnlab.viz as viz
+from attnlab.capture import ModelAttention
+from attnlab.errors import AttnlabError
+from viz.fakes import XSS, fake_capture
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]", "it", "slept", "[SEP]"]
+
+
+def _payload(doc: str) -> dict:
+    m = re.search(r'<script type="application/json" id="attn-data">(.*?)</script>', doc, re.S)
+    return json.loads(m.group(1))
+
+
+def _weights(p: dict) -> np.ndarray:
+    w = np.frombuffer(base64.b64decode(p["weights"]), dtype="<f4")
+    return w.reshape(p["n_layers"], p["n_heads"], p["L"], p["S"])
+
+
+def _opening(doc: str) -> str:
+    return re.search(r'data-open="([^"]*)"', doc).group(1)
+
+
+def _bert(n):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
+                                 num_attention_heads=4, intermediate_size=64,
+                                 attn_implementation="eager")).eval()
+    with torch.no_grad():
+        return model(torch.randint(5, 50, (2, n)), output_attentions=True).attentions
+
+
+def test_bert_page_carries_the_models_weights_and_tokens():
+    att = _bert(len(TOKENS))
+    page = viz.head_view(att, TOKENS, html_action="return")
+    p = _payload(page.data)
+    assert p["tokens"] == TOKENS and p["causal"] is False and p["queries"] is None
+    want = torch.stack([a[0] for a in att]).numpy()  # batch 0: (layers, H, L, S)
+    np.testing.assert_allclose(_weights(p), want, atol=1e-6)
+    assert "view=head" in _opening(page.data)
+    assert "view=model" in _opening(viz.model_view(att, TOKENS, html_action="return").data)
+
+
+def test_gpt2_is_causal_and_prettified():
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    model = GPT2Model(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+                                 attn_implementation="eager")).eval()
+    with torch.no_grad():
+        att = model(torch.randint(0, 50, (1, 4)), output_attentions=True).attentions
+    p = _payload(viz.model_view(att, ["The", "Ġcat", "Ġsat", "."], html_action="return").data)
+    assert p["tokens"] == ["The", " cat", " sat", "."] and p["causal"] is True
+    np.testing.assert_allclose(_weights(p), torch.stack([a[0] for a in att]).numpy(), atol=1e-6)
+    raw = viz.head_view(att, ["The", "Ġcat", "Ġsat", "."], prettify_tokens=False,
+                        html_action="return")
+    assert _payload(raw.data)["tokens"] == ["The", "Ġcat", "Ġsat", "."]
+
+
+def test_t5_encoder_and_decoder_pages():
+    from transformers import T5Config, T5Model
+
+    torch.manual_seed(0)
+    model = T5Model(T5Config(vocab_size=60, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                             num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0,
+                             attn_implementation="eager")).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(1, 60, (1, 5)),
+                    decoder_input_ids=torch.randint(1, 60, (1, 3)), output_attentions=True)
+    enc, dec = [f"e{i}" for i in range(5)], [f"d{i}" for i in range(3)]
+    page = viz.head_view(encoder_attention=out.encoder_attentions,
+                         decoder_attention=out.decoder_attentions,
+                         cross_attention=out.cross_attentions, encoder_tokens=enc,
+                         decoder_tokens=dec, html_action="return")
+    docs = re.findall(r'srcdoc="([^"]*)"', page.data)
+    assert len(docs) == 2 and "Encoder attention" in page.data and "Decoder attention" in page.data
+    import html
+
+    p_enc, p_dec = (_payload(html.unescape(d)) for d in docs)
+    assert p_enc["tokens"] == enc and p_dec["tokens"] == dec and p_dec["causal"] is True
+    np.testing.assert_allclose(_weights(p_enc), torch.stack([a[0] for a in out.encoder_attentions]),
+                               atol=1e-6)
+    np.testing.assert_allclose(_weights(p_dec), torch.stack([a[0] for a in out.decoder_attentions]),
+                               atol=1e-6)
+    bad = [a * 2 for a in out.cross_attentions]
+    with pytest.raises(AttnlabError, match=r"^cross_attention\[0\]"):
+        viz.head_view(encoder_attention=out.encoder_attentions, encoder_tokens=enc,
+                      cross_attention=bad, html_action="return")
+
+
+def test_include_layers_layer_heads_and_sentence_b_start():
+    att = _bert(len(TOKENS))
+    page = viz.model_view(att, TOKENS, include_layers=[2, 0], include_heads=[3],
+                          html_action="return")
+    p = _payload(page.data)
+    assert p["n_layers"] == 2
+    np.testing.assert_allclose(_weights(p)[0], att[2][0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(_weights(p)[1], att[0][0].numpy(), atol=1e-6)
+    assert "head=3" in _opening(page.data)
+    page = viz.head_view(att, TOKENS, layer=1, heads=[2], sentence_b_start=5,
+                         html_action="return")
+    assert _opening(page.data) == "view=head&amp;layer=1&amp;head=2&amp;token=5"
+    with pytest.raises(AttnlabError, match=r"^sentence_b_start: expected 1..7"):
+        viz.head_view(att, TOKENS, sentence_b_start=8, html_action="return")
+    with pytest.raises(AttnlabError, match=r"^include_layers"):
+        viz.model_view(att, TOKENS, include_layers=[3], html_action="return")
+
+
+def test_model_attention_in_step_view_and_save(tmp_path):
+    ma = fake_capture(["a", XSS, "c"])
+    page = viz.head_view(ma, html_action="return")
+    assert _payload(page.data)["queries"] is not None  # q/k travel: the step view has its steps
+    assert XSS not in page.data
+    path = viz.save(page, tmp_path / "p.html")
+    assert path.read_text(encoding="utf-8") == page.data
+    assert "srcdoc" in page._repr_html_() and XSS not in page._repr_html_()
+    with pytest.raises(AttnlabError, match=r"^obj"):
+        viz.save("nope", tmp_path / "q.html")
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda a: [a[0], a[1][:, :, :-1]], r"^attention: layers differ in shape"),
+    (lambda a: [x * 1.5 for x in a], r"^attention: expected each row to sum to 1"),
+    (lambda a: [x - 0.5 for x in a], r"^attention: expected probabilities"),
+    (lambda a: [x[0] for x in a], r"^attention\[0\]: expected \(batch, heads, L, S\)"),
+    (lambda a: [], r"^attention: expected a non-empty"),
+])
+def test_bad_attentions_are_named(make, match):
+    att = list(_bert(len(TOKENS)))
+    with pytest.raises(AttnlabError, match=match):
+        viz.head_view(make(att), TOKENS, html_action="return")
+
+
+def test_bad_tokens_and_action_are_named():
+    att = _bert(len(TOKENS))
+    with pytest.raises(AttnlabError, match=r"^tokens: expected 8"):
+        viz.head_view(att, TOKENS[:-1], html_action="return")
+    with pytest.raises(AttnlabError, match=r"^html_action"):
+        viz.head_view(att, TOKENS, html_action="show")
+    with pytest.raises(AttnlabError, match=r"^layer: expected 0..2"):
+        viz.head_view(att, TOKENS, layer=3, html_action="return")
+
+
+def test_from_attentions_builds_a_weights_only_capture():
+    att = _bert(len(TOKENS))
+    ma = ModelAttention.from_attentions(att, TOKENS, model_name="bert-tiny")
+    assert (ma.n_layers, ma.n_heads) == (3, 4) and ma.queries is None and ma.mask.all()
+    np.testing.assert_allclose(ma.weights, torch.stack([a[0] for a in att]).double().numpy())
+    causal = [torch.tril(torch.ones(1, 2, 3, 3)) / torch.arange(1, 4).view(3, 1)]
+    ma = ModelAttention.from_attentions(causal, ["a", "b", "c"])
+    assert ma.causal and (ma.mask == np.tril(np.ones((3, 3), dtype=bool))).all()
+    with pytest.raises(AttnlabError, match=r"^attentions: expected self-attention"):
+        ModelAttention.from_attentions([torch.full((1, 1, 2, 4), 0.25)], list("abcd"))
+    with pytest.raises(AttnlabError, match=r"^attentions: expected a non-empty"):
+        ModelAttention.from_attentions(torch.ones(1, 1, 2, 2), ["a", "b"])
