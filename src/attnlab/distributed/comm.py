@@ -97,33 +97,37 @@ def global_rank(group, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
 
+def _collective(kind: str, phase: str, sent: int, call) -> None:
+    """Run one collective and log it: `sent` bytes leave this rank and as many arrive."""
+    t0 = time.perf_counter()
+    call()
+    _log(Op(kind, phase, sent, sent, seconds=time.perf_counter() - t0))
+
+
 def all_gather(out: torch.Tensor, part: torch.Tensor, group, phase: str) -> None:
     """out (P·numel(part),) ← every rank's `part`, in rank order."""
     _, P = rank_world(group)
-    t0 = time.perf_counter()
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, part.contiguous(), group=group)
-    b = (P - 1) * nbytes(part)
-    _log(Op("all_gather", phase, b, b, seconds=time.perf_counter() - t0))
+    # every rank's part -> every rank: (P − 1)·numel(part)·bytes in and out
+    _collective("all_gather", phase, (P - 1) * nbytes(part),
+                lambda: fn(out, part.contiguous(), group=group))
 
 
 def reduce_scatter(out: torch.Tensor, full: torch.Tensor, group, phase: str) -> None:
     """out (numel(full)/P,) ← the sum over ranks of this rank's slice of `full`."""
     _, P = rank_world(group)
-    t0 = time.perf_counter()
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, full.contiguous(), group=group)
-    b = (P - 1) * nbytes(out)
-    _log(Op("reduce_scatter", phase, b, b, seconds=time.perf_counter() - t0))
+    # each slice of full -> its owner: (P − 1)·numel(out)·bytes in and out
+    _collective("reduce_scatter", phase, (P - 1) * nbytes(out),
+                lambda: fn(out, full.contiguous(), group=group))
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, group, phase: str) -> None:
     """out[j] ← rank j's inp[me], equal splits along dim 0 (P parts)."""
     _, P = rank_world(group)
-    t0 = time.perf_counter()
-    dist.all_to_all_single(out, inp.contiguous(), group=group)
-    b = (P - 1) * nbytes(inp) // P
-    _log(Op("all_to_all", phase, b, b, seconds=time.perf_counter() - t0))
+    # P − 1 of the P parts of inp leave this rank, as many arrive
+    _collective("all_to_all", phase, (P - 1) * nbytes(inp) // P,
+                lambda: dist.all_to_all_single(out, inp.contiguous(), group=group))
 
 
 class Exchange:
