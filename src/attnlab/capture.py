@@ -73,7 +73,8 @@ class ModelAttention:
     `layer_masks` (layers, L, S), when set, what each layer allowed (a model mixing sliding-window
     and full layers). `softcap` (one per layer, None where a layer has none) and `bias` (layers,
     H, L, S) float, when set, are what the scores went through before the softmax (see
-    `AttentionCall`).
+    `AttentionCall`). `query_tokens`, when set, are the L query tokens of a cross-attention
+    (keys from another text, e.g. an encoder's); `tokens` are then the S keys' (as in `Trace`).
     """
 
     tokens: list[str]
@@ -88,6 +89,7 @@ class ModelAttention:
     layer_masks: np.ndarray | None = None
     softcap: list[float | None] | None = None
     bias: np.ndarray | None = None
+    query_tokens: list[str] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -158,11 +160,13 @@ class ModelAttention:
     @classmethod
     def from_attentions(cls, attentions, tokens: Sequence[str], *, model_name: str = "model",
                         include_layers: Sequence[int] | None = None,
-                        name: str = "attentions") -> ModelAttention:
-        """Self-attention weights only, from the per-layer (batch, H, L, S) tensors a model
+                        name: str = "attentions",
+                        query_tokens: Sequence[str] | None = None) -> ModelAttention:
+        """Attention weights only, from the per-layer (batch, H, L, S) tensors a model
         returns with `output_attentions=True` (batch element 0 is kept).
 
-        Every layer must have the same shape, L = S = len(tokens), and each row must be a
+        Every layer must have the same shape, L = S = len(tokens) (self-attention) or, for a
+        cross-attention, S = len(tokens) keys and L = len(`query_tokens`); each row must be a
         probability distribution over the keys (non-negative, summing to 1; a row with no allowed
         key may be all 0). `include_layers` keeps those layers, in that order. The capture is
         causal when no layer puts weight above the diagonal; its mask is then the lower triangle,
@@ -183,7 +187,12 @@ class ModelAttention:
         weights = np.stack([a[0] for a in arrays]).astype(np.float64)  # (layers, H, L, S)
         L, S = weights.shape[-2:]
         tokens = [str(t) for t in tokens]
-        if L != S:
+        if query_tokens is not None:
+            query_tokens = [str(t) for t in query_tokens]
+            if len(query_tokens) != L:
+                raise AttnlabError(f"query_tokens: expected {L} (one per query of {name}), "
+                                   f"got {len(query_tokens)}")
+        elif L != S:
             raise AttnlabError(f"{name}: expected self-attention (L = S), got "
                                f"{fmt_shape(arrays[0].shape)}")
         if len(tokens) != S:
@@ -209,7 +218,7 @@ class ModelAttention:
             if not picked:
                 raise AttnlabError("include_layers: expected at least one layer, got []")
             weights = weights[picked]
-        causal = not np.triu(weights, 1).any()
+        causal = query_tokens is None and not np.triu(weights, 1).any()
         mask = np.tril(np.ones((L, S), dtype=bool)) if causal else (weights != 0).any(axis=(0, 1))
         return cls(tokens=tokens, weights=weights, mask=mask, scale=1.0, model_name=model_name,
-                   causal=bool(causal))
+                   causal=bool(causal), query_tokens=query_tokens)

@@ -4,8 +4,11 @@ returns (`output_attentions=True`) or of a ModelAttention, and `save`.
 Same arguments and meaning as bertviz's functions of those names; what opens is attnlab's
 self-contained, offline page (head, model, step and heads views). Weights alone give every view
 but the step view's q·k steps, which need queries and keys (a model run through attnlab); the step
-view says so. Encoder-decoder models show the encoder and the decoder self-attention, one page
-each; cross-attention (queries and keys from two texts) is checked but not drawn.
+view says so. As in bertviz, the page's "attention" list chooses between an encoder-decoder
+model's encoder, decoder and cross attention (decoder tokens query, encoder tokens are the keys),
+or, with `sentence_b_start`, narrows the drawing to "Sentence A → Sentence B" and the like.
+`include_layers` / `include_heads` keep those layers and heads (labelled with the model's
+numbers); `display_mode` "dark" or "light" colours the page.
 Exported as `attnlab.viz.head_view` etc.; kept outside viz because it builds ModelAttention
 (viz draws captures and never imports capture).
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+
+import numpy as np
 
 from attnlab.errors import AttnlabError
 from attnlab.viz.checks import check_index
@@ -46,74 +51,133 @@ def _prettify(tokens) -> list[str]:
     return out
 
 
-def _capture(attention, tokens, name: str, prettify: bool, include_layers, sentence_b_start):
-    """`attention` (per-layer tensors or a ModelAttention) as a ModelAttention."""
+def _capture(attention, tokens, name: str, prettify: bool, query_tokens=None,
+             query_name: str = ""):
+    """`attention` (per-layer tensors or a ModelAttention) as a ModelAttention; with
+    `query_tokens`, a cross-attention (queries from another text than the keys)."""
     from attnlab.capture import ModelAttention
 
     if isinstance(attention, ModelAttention):
-        ma = attention
-        if tokens is not None and [str(t) for t in tokens] != ma.tokens:
-            raise AttnlabError(f"tokens: expected the capture's {len(ma.tokens)} tokens or None, "
-                               f"got {len(tokens)} different ones")
-        if include_layers is not None:
-            picked = [check_index("include_layers", x, ma.n_layers, "layers")
-                      for x in include_layers]
-            if not picked:
-                raise AttnlabError("include_layers: expected at least one layer, got []")
-            ma = _layers(ma, picked)
-    else:
-        if tokens is None:
-            raise AttnlabError(f"tokens: expected the tokens {name} attends over, got None")
-        tokens = _prettify(tokens) if prettify else [str(t) for t in tokens]
-        ma = ModelAttention.from_attentions(attention, tokens, include_layers=include_layers,
-                                            name=name)
-    if sentence_b_start is not None:
-        n = len(ma.tokens)
-        if isinstance(sentence_b_start, bool) or not isinstance(sentence_b_start, int) \
-                or not 0 < sentence_b_start < n:
-            raise AttnlabError(f"sentence_b_start: expected 1..{n - 1} (the index of sentence "
-                               f"B's first token of {n}), got {sentence_b_start!r}")
-    return ma
+        if tokens is not None and [str(t) for t in tokens] != attention.tokens:
+            raise AttnlabError(f"tokens: expected the capture's {len(attention.tokens)} tokens "
+                               f"or None, got {len(tokens)} different ones")
+        return attention
+    if tokens is None:
+        raise AttnlabError(f"tokens: expected the tokens {name} attends over, got None")
+    tidy = _prettify if prettify else (lambda ts: [str(t) for t in ts])
+    if query_tokens is None:
+        return ModelAttention.from_attentions(attention, tidy(tokens), name=name)
+    try:
+        return ModelAttention.from_attentions(attention, tidy(tokens), name=name,
+                                              query_tokens=tidy(query_tokens))
+    except AttnlabError as e:  # name the caller's argument, not from_attentions'
+        raise AttnlabError(str(e).replace("query_tokens:", f"{query_name}:", 1)) from None
 
 
-def _layers(ma, picked: list[int]):
+def _positions(name: str, ids, n: int, what: str) -> list[int] | None:
+    """bertviz's include_layers / include_heads as indices into `n` things (None: all)."""
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise AttnlabError(f"{name}: expected a list of indices, got {ids!r}")
+    picked = [check_index(name, x, n, what) for x in ids]
+    if not picked:
+        raise AttnlabError(f"{name}: expected at least one index, got []")
+    return picked
+
+
+def _select(ma, layers: list[int] | None, heads: list[int] | None):
+    """The capture narrowed to those layers and heads, in that order."""
     from dataclasses import replace
 
-    sub = lambda a: None if a is None else a[picked]  # noqa: E731
-    return replace(ma, weights=ma.weights[picked], queries=sub(ma.queries), keys=sub(ma.keys),
-                   values=sub(ma.values), bias=sub(ma.bias),
-                   layer_masks=sub(ma.layer_masks),
-                   softcap=None if ma.softcap is None else [ma.softcap[i] for i in picked])
+    if layers is None and heads is None:
+        return ma
+    layers = list(range(ma.n_layers)) if layers is None else layers
+    heads = list(range(ma.n_heads)) if heads is None else heads
+
+    def per_head(a):  # (layers, H, ...) -> the picked layers and heads
+        return None if a is None else np.asarray(a)[layers][:, heads]
+
+    return replace(ma, weights=per_head(ma.weights), queries=per_head(ma.queries),
+                   keys=per_head(ma.keys), values=per_head(ma.values), bias=per_head(ma.bias),
+                   layer_masks=None if ma.layer_masks is None else ma.layer_masks[layers],
+                   softcap=None if ma.softcap is None else [ma.softcap[i] for i in layers])
+
+
+def _sentence_choices(n: int, b) -> list[dict]:
+    """bertviz's sentence-pair filter: all tokens, or sentence A / B queries to A / B keys."""
+    if isinstance(b, bool) or not isinstance(b, int) or not 0 < b < n:
+        raise AttnlabError(f"sentence_b_start: expected 1..{n - 1} (the index of sentence "
+                           f"B's first token of {n}), got {b!r}")
+    a_, b_ = [0, b], [b, n]
+    return [{"name": "All", "set": 0},
+            {"name": "Sentence A \u2192 Sentence A", "set": 0, "rows": a_, "cols": a_},
+            {"name": "Sentence B \u2192 Sentence B", "set": 0, "rows": b_, "cols": b_},
+            {"name": "Sentence A \u2192 Sentence B", "set": 0, "rows": a_, "cols": b_},
+            {"name": "Sentence B \u2192 Sentence A", "set": 0, "rows": b_, "cols": a_}]
+
+
+def _parts(attention, tokens, prettify, encoder_attention, decoder_attention, cross_attention,
+           encoder_tokens, decoder_tokens) -> list[tuple[str, object]]:
+    """(name, capture) of each attention the call passed: one, or encoder / decoder / cross."""
+    if attention is not None:
+        for arg, value in (("encoder_attention", encoder_attention),
+                           ("decoder_attention", decoder_attention),
+                           ("cross_attention", cross_attention),
+                           ("encoder_tokens", encoder_tokens), ("decoder_tokens", decoder_tokens)):
+            if value is not None:
+                raise AttnlabError(f"{arg}: expected None with `attention` (a self-attention "
+                                   f"model's); pass encoder-decoder attentions without it")
+        return [("", _capture(attention, tokens, "attention", prettify))]
+    if encoder_attention is None and decoder_attention is None and cross_attention is None:
+        raise AttnlabError("attention: expected per-layer attentions (or encoder_attention / "
+                           "decoder_attention / cross_attention), got None")
+    parts = []
+    if encoder_attention is not None:
+        parts.append(("Encoder", _capture(encoder_attention, encoder_tokens,
+                                          "encoder_attention", prettify)))
+    if decoder_attention is not None:
+        parts.append(("Decoder", _capture(decoder_attention, decoder_tokens,
+                                          "decoder_attention", prettify)))
+    if cross_attention is not None:
+        if decoder_tokens is None and not hasattr(cross_attention, "query_tokens"):
+            raise AttnlabError("decoder_tokens: expected the decoder's tokens (the queries of "
+                               "cross_attention), got None")
+        parts.append(("Cross", _capture(cross_attention, encoder_tokens, "cross_attention",
+                                        prettify, query_tokens=decoder_tokens,
+                                        query_name="decoder_tokens")))
+    return parts
 
 
 def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer, heads,
           encoder_attention, decoder_attention, cross_attention, encoder_tokens, decoder_tokens,
-          include_layers, html_action):
+          include_layers, include_heads, html_action, theme):
+    from attnlab.viz.page import page_html
+    from attnlab.viz.payload import document, payload
+
     if html_action not in ("view", "return"):
         raise AttnlabError(f'html_action: expected "view" or "return", got {html_action!r}')
-    parts = []  # (heading, capture)
-    if attention is not None:
-        parts.append(("", _capture(attention, tokens, "attention", prettify_tokens,
-                                   include_layers, sentence_b_start)))
-    elif encoder_attention is None and decoder_attention is None:
-        raise AttnlabError("attention: expected per-layer attentions (or encoder_attention / "
-                           "decoder_attention), got None")
-    else:
-        if encoder_attention is not None:
-            parts.append(("Encoder", _capture(encoder_attention, encoder_tokens,
-                                              "encoder_attention", prettify_tokens,
-                                              include_layers, None)))
-        if decoder_attention is not None:
-            parts.append(("Decoder", _capture(decoder_attention, decoder_tokens,
-                                              "decoder_attention", prettify_tokens,
-                                              include_layers, None)))
-        if cross_attention is not None:
-            _check_cross(cross_attention, parts)
-    pages = [_page(ma, view, layer, heads, sentence_b_start if not h else None) for h, ma in parts]
-    if len(pages) == 1:
-        out = AttentionPage(pages[0])
-    else:
-        out = AttentionPage(_stack([(h, p) for (h, _), p in zip(parts, pages)]), height=1300)
+    parts = _parts(attention, tokens, prettify_tokens, encoder_attention, decoder_attention,
+                   cross_attention, encoder_tokens, decoder_tokens)
+    opening: dict[str, int | str] = {"view": view}
+    sets = []
+    for name, ma in parts:
+        lids = _positions("include_layers", include_layers, ma.n_layers, "layers")
+        hids = _positions("include_heads", include_heads, ma.n_heads, "heads")
+        ma = _select(ma, lids, hids)
+        if layer is not None and "layer" not in opening:
+            opening["layer"] = _opening_index("layer", layer, lids, ma.n_layers, "layers")
+        if heads is not None and "head" not in opening:  # bertviz's selected heads: the first
+            picked = [check_index("heads", h, ma.n_heads, "heads") for h in heads]
+            if picked:
+                opening["head"] = picked[0]
+        sets.append((name, payload(ma, layer_ids=lids, head_ids=hids)))
+    choices = None
+    if sentence_b_start is not None and attention is not None:
+        choices = _sentence_choices(sets[0][1]["L"], sentence_b_start)
+        opening["token"] = sentence_b_start
+    data = sets[0][1] if len(sets) == 1 and choices is None else document(sets, choices)
+    out = AttentionPage(page_html(data=data, opening=opening, theme=theme))
     if html_action == "return":
         return out
     from IPython.display import HTML, display  # Jupyter's own: only "view" needs it
@@ -122,51 +186,13 @@ def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer
     return None
 
 
-def _page(ma, view: str, layer, heads, sentence_b_start) -> str:
-    from attnlab.viz.page import page_html
-
-    opening: dict[str, int | str] = {"view": view}
-    if layer is not None:
-        opening["layer"] = check_index("layer", layer, ma.n_layers, "layers")
-    if heads is not None:
-        picked = [check_index("heads", h, ma.n_heads, "heads") for h in heads]
-        if picked:
-            opening["head"] = picked[0]
-    if sentence_b_start is not None:
-        opening["token"] = sentence_b_start
-    return page_html(ma, opening=opening)
-
-
-def _check_cross(cross_attention, parts) -> None:
-    """Cross-attention is validated (a probability distribution over the encoder's tokens)."""
-    import numpy as np
-
-    from attnlab.capture import _numpy
-
-    if not isinstance(cross_attention, (list, tuple)) or not cross_attention:
-        raise AttnlabError("cross_attention: expected a non-empty tuple or list of per-layer "
-                           f"(batch, heads, L, S) tensors, got {type(cross_attention).__name__}")
-    for i, a in enumerate(cross_attention):
-        a = _numpy(a)
-        if a.ndim != 4 or not np.isfinite(a).all() or a.min() < -1e-6 \
-                or not np.allclose(a.sum(-1), 1.0, atol=1e-3):
-            raise AttnlabError(f"cross_attention[{i}]: expected (batch, heads, L, S) softmax "
-                               f"weights over the encoder's tokens, got shape {a.shape}")
-
-
-def _stack(pages: list[tuple[str, str]]) -> str:
-    """Several pages in one document, one sandboxed iframe each (no script in the wrapper)."""
-    body = "".join(
-        f"<h2>{html.escape(h)} attention</h2>"
-        f'<iframe srcdoc="{html.escape(p, quote=True)}" sandbox="allow-scripts allow-downloads" '
-        f'style="width:100%;height:620px;border:1px solid #ddd" '
-        f'title="attnlab: {html.escape(h)} attention"></iframe>' for h, p in pages)
-    from attnlab.viz.page import csp
-
-    # a srcdoc frame inherits this policy: the pages' own (their script's hash, no requests)
-    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{html.escape(csp())}">'
-            f"<title>attnlab</title></head><body>{body}</body></html>")
+def _opening_index(name: str, value, ids: list[int] | None, n: int, what: str) -> int:
+    """bertviz's `layer` is the model's layer number; with include_layers it must be one of them."""
+    if ids is None:
+        return check_index(name, value, n, what)
+    if isinstance(value, bool) or value not in ids:
+        raise AttnlabError(f"{name}: expected one of include_layers {ids}, got {value!r}")
+    return ids.index(value)
 
 
 def head_view(attention=None, tokens=None, sentence_b_start=None, prettify_tokens=True,
@@ -177,27 +203,32 @@ def head_view(attention=None, tokens=None, sentence_b_start=None, prettify_token
 
     `attention` is the per-layer tuple of (batch, heads, L, S) tensors from
     `output_attentions=True` (batch 0 is shown) or a ModelAttention; `tokens` the L tokens.
-    Encoder-decoder models pass `encoder_attention` / `decoder_attention` (and their tokens).
-    `layer` and `heads` choose what opens; `include_layers` keeps those layers; `sentence_b_start`
-    is where sentence B begins (the page opens on its first token). `html_action="view"` shows it
-    in the notebook, `"return"` returns an object whose `.data` is the page's HTML.
+    Encoder-decoder models pass `encoder_attention` / `decoder_attention` / `cross_attention`
+    (decoder x encoder tokens) and `encoder_tokens` / `decoder_tokens`: the page's "attention"
+    list chooses Encoder, Decoder or Cross. `layer` (the model's layer number, one of
+    `include_layers` when given) and `heads` (the first one) choose what opens; `include_layers`
+    keeps those layers; `sentence_b_start` (where sentence B begins) adds bertviz's filter: All,
+    Sentence A → Sentence A, B → B, A → B, B → A. `html_action="view"` shows it in the notebook,
+    `"return"` returns an object whose `.data` is the page's HTML.
     """
     return _show("head", attention, tokens, sentence_b_start, prettify_tokens, layer, heads,
                  encoder_attention, decoder_attention, cross_attention, encoder_tokens,
-                 decoder_tokens, include_layers, html_action)
+                 decoder_tokens, include_layers, None, html_action, "light")
 
 
 def model_view(attention=None, tokens=None, sentence_b_start=None, prettify_tokens=True,
-               display_mode="light", encoder_attention=None, decoder_attention=None,
+               display_mode="dark", encoder_attention=None, decoder_attention=None,
                cross_attention=None, encoder_tokens=None, decoder_tokens=None,
                include_layers=None, include_heads=None, html_action="view"):
     """bertviz's `model_view` on attnlab's page: every layer x head at once (arguments as in
-    `head_view`; `include_heads` chooses the head that opens, `display_mode` is accepted)."""
+    `head_view`). `include_heads` keeps those heads (and `include_layers` those layers), labelled
+    with the model's numbers; `display_mode` "dark" (bertviz's default) or "light" colours the
+    page."""
     if display_mode not in ("light", "dark"):
         raise AttnlabError(f'display_mode: expected "light" or "dark", got {display_mode!r}')
-    return _show("model", attention, tokens, sentence_b_start, prettify_tokens, None,
-                 include_heads, encoder_attention, decoder_attention, cross_attention,
-                 encoder_tokens, decoder_tokens, include_layers, html_action)
+    return _show("model", attention, tokens, sentence_b_start, prettify_tokens, None, None,
+                 encoder_attention, decoder_attention, cross_attention, encoder_tokens,
+                 decoder_tokens, include_layers, include_heads, html_action, display_mode)
 
 
 def save(obj, path) -> Path:

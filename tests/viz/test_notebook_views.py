@@ -71,7 +71,7 @@ def test_gpt2_is_causal_and_prettified():
     assert _payload(raw.data)["tokens"] == ["The", "Ġcat", "Ġsat", "."]
 
 
-def test_t5_encoder_and_decoder_pages():
+def _t5():
     from transformers import T5Config, T5Model
 
     torch.manual_seed(0)
@@ -79,45 +79,90 @@ def test_t5_encoder_and_decoder_pages():
                              num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0,
                              attn_implementation="eager")).eval()
     with torch.no_grad():
-        out = model(input_ids=torch.randint(1, 60, (1, 5)),
-                    decoder_input_ids=torch.randint(1, 60, (1, 3)), output_attentions=True)
+        return model(input_ids=torch.randint(1, 60, (1, 5)),
+                     decoder_input_ids=torch.randint(1, 60, (1, 3)), output_attentions=True)
+
+
+def test_t5_encoder_decoder_and_cross_in_one_page():
+    out = _t5()
     enc, dec = [f"e{i}" for i in range(5)], [f"d{i}" for i in range(3)]
     page = viz.head_view(encoder_attention=out.encoder_attentions,
                          decoder_attention=out.decoder_attentions,
                          cross_attention=out.cross_attentions, encoder_tokens=enc,
                          decoder_tokens=dec, html_action="return")
-    docs = re.findall(r'srcdoc="([^"]*)"', page.data)
-    assert len(docs) == 2 and "Encoder attention" in page.data and "Decoder attention" in page.data
-    import html
-
-    p_enc, p_dec = (_payload(html.unescape(d)) for d in docs)
-    assert p_enc["tokens"] == enc and p_dec["tokens"] == dec and p_dec["causal"] is True
-    np.testing.assert_allclose(_weights(p_enc), torch.stack([a[0] for a in out.encoder_attentions]),
-                               atol=1e-6)
-    np.testing.assert_allclose(_weights(p_dec), torch.stack([a[0] for a in out.decoder_attentions]),
-                               atol=1e-6)
+    doc = _payload(page.data)
+    assert [c["name"] for c in doc["choices"]] == ["Encoder", "Decoder", "Cross"]
+    p_enc, p_dec, p_cross = doc["sets"]
+    assert p_enc["tokens"] == enc and p_enc["key_tokens"] is None
+    assert p_dec["tokens"] == dec and p_dec["causal"] is True
+    # cross: decoder tokens query (rows), encoder tokens are the keys (columns)
+    assert p_cross["tokens"] == dec and p_cross["key_tokens"] == enc
+    assert (p_cross["L"], p_cross["S"], p_cross["causal"]) == (3, 5, False)
+    for p, att in ((p_enc, out.encoder_attentions), (p_dec, out.decoder_attentions),
+                   (p_cross, out.cross_attentions)):
+        np.testing.assert_allclose(_weights(p), torch.stack([a[0] for a in att]), atol=1e-6)
     bad = [a * 2 for a in out.cross_attentions]
-    with pytest.raises(AttnlabError, match=r"^cross_attention\[0\]"):
+    with pytest.raises(AttnlabError, match=r"^cross_attention: expected each row to sum to 1"):
         viz.head_view(encoder_attention=out.encoder_attentions, encoder_tokens=enc,
-                      cross_attention=bad, html_action="return")
+                      decoder_tokens=dec, cross_attention=bad, html_action="return")
+    with pytest.raises(AttnlabError, match=r"^decoder_tokens: expected 3"):
+        viz.head_view(cross_attention=out.cross_attentions, encoder_tokens=enc,
+                      decoder_tokens=dec[:2], html_action="return")
+    with pytest.raises(AttnlabError, match=r"^decoder_tokens: expected the decoder's tokens"):
+        viz.head_view(cross_attention=out.cross_attentions, encoder_tokens=enc,
+                      html_action="return")
+    with pytest.raises(AttnlabError, match=r"^cross_attention: expected None with `attention`"):
+        viz.head_view(out.encoder_attentions, enc, cross_attention=out.cross_attentions,
+                      html_action="return")
 
 
-def test_include_layers_layer_heads_and_sentence_b_start():
+def test_include_layers_and_heads_keep_those_labelled_with_the_models_numbers():
     att = _bert(len(TOKENS))
-    page = viz.model_view(att, TOKENS, include_layers=[2, 0], include_heads=[3],
+    page = viz.model_view(att, TOKENS, include_layers=[2, 0], include_heads=[3, 1],
                           html_action="return")
     p = _payload(page.data)
-    assert p["n_layers"] == 2
-    np.testing.assert_allclose(_weights(p)[0], att[2][0].numpy(), atol=1e-6)
-    np.testing.assert_allclose(_weights(p)[1], att[0][0].numpy(), atol=1e-6)
-    assert "head=3" in _opening(page.data)
+    assert (p["n_layers"], p["n_heads"]) == (2, 2)
+    assert p["layer_ids"] == [2, 0] and p["head_ids"] == [3, 1]
+    np.testing.assert_allclose(_weights(p)[0], att[2][0][[3, 1]].numpy(), atol=1e-6)
+    np.testing.assert_allclose(_weights(p)[1], att[0][0][[3, 1]].numpy(), atol=1e-6)
+    assert len(p["head_stats"]["labels"][0]) == 2
+    # bertviz's `layer` is the model's layer number, one of include_layers
+    page = viz.head_view(att, TOKENS, layer=0, include_layers=[2, 0], html_action="return")
+    assert "layer=1" in _opening(page.data)
+    with pytest.raises(AttnlabError, match=r"^layer: expected one of include_layers \[2, 0\]"):
+        viz.head_view(att, TOKENS, layer=1, include_layers=[2, 0], html_action="return")
+    with pytest.raises(AttnlabError, match=r"^include_heads: expected 0..3"):
+        viz.model_view(att, TOKENS, include_heads=[4], html_action="return")
+    with pytest.raises(AttnlabError, match=r"^include_layers"):
+        viz.model_view(att, TOKENS, include_layers=[3], html_action="return")
+
+
+def test_sentence_b_start_adds_bertvizs_filter():
+    att = _bert(len(TOKENS))
     page = viz.head_view(att, TOKENS, layer=1, heads=[2], sentence_b_start=5,
                          html_action="return")
     assert _opening(page.data) == "view=head&amp;layer=1&amp;head=2&amp;token=5"
+    doc = _payload(page.data)
+    np.testing.assert_allclose(_weights(doc["sets"][0]), torch.stack([a[0] for a in att]),
+                               atol=1e-6)  # one copy of the weights: the filter is a block
+    got = [(c["name"], c.get("rows"), c.get("cols")) for c in doc["choices"]]
+    assert got == [("All", None, None),
+                   ("Sentence A → Sentence A", [0, 5], [0, 5]),
+                   ("Sentence B → Sentence B", [5, 8], [5, 8]),
+                   ("Sentence A → Sentence B", [0, 5], [5, 8]),
+                   ("Sentence B → Sentence A", [5, 8], [0, 5])]
     with pytest.raises(AttnlabError, match=r"^sentence_b_start: expected 1..7"):
         viz.head_view(att, TOKENS, sentence_b_start=8, html_action="return")
-    with pytest.raises(AttnlabError, match=r"^include_layers"):
-        viz.model_view(att, TOKENS, include_layers=[3], html_action="return")
+
+
+def test_display_mode_colours_the_page():
+    att = _bert(len(TOKENS))
+    theme = lambda page: re.search(r'<body[^>]*data-theme="(\w+)"', page.data).group(1)  # noqa: E731
+    assert theme(viz.model_view(att, TOKENS, html_action="return")) == "dark"  # bertviz's default
+    assert theme(viz.model_view(att, TOKENS, display_mode="light", html_action="return")) == "light"
+    assert theme(viz.head_view(att, TOKENS, html_action="return")) == "light"
+    with pytest.raises(AttnlabError, match=r"^display_mode"):
+        viz.model_view(att, TOKENS, display_mode="blue", html_action="return")
 
 
 def test_model_attention_in_step_view_and_save(tmp_path):

@@ -28,6 +28,9 @@ def check_capture(ma: ModelAttention) -> tuple[int, int, int, int]:
         raise AttnlabError(f"weights: expected no empty dims, got {fmt_shape(w.shape)}")
     if len(ma.tokens) != S:
         raise AttnlabError(f"tokens: expected {S} (one per key), got {len(ma.tokens)}")
+    query_tokens = getattr(ma, "query_tokens", None)  # a cross-attention's queries
+    if query_tokens is not None and len(query_tokens) != L:
+        raise AttnlabError(f"query_tokens: expected {L} (one per query), got {len(query_tokens)}")
     if np.shape(ma.mask) != (L, S):
         raise AttnlabError(f"mask: expected (L, S) = ({L}, {S}), "
                            f"got {fmt_shape(np.shape(ma.mask))}")

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnlab.errors import AttnlabError
 from attnlab.viz.payload import payload
 
 if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
@@ -62,18 +63,29 @@ def _fill(template: str, parts: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: parts[m.group(1)], template)
 
 
+THEMES = ("light", "dark")
+
+
 def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bool = False,
-              opening: dict[str, int | str] | None = None) -> str:
-    """The page for one capture (`ma`), or the web app's page (`app=True`, data fetched later);
-    `opening` is where it opens, as a link's #fragment says it ({"view": "model", "layer": 2})."""
-    data = ""
+              opening: dict[str, int | str] | None = None, *, data: dict | None = None,
+              theme: str = "light") -> str:
+    """The page for one capture (`ma`), for a ready `data` (a `payload` or a `document` of
+    several), or the web app's page (`app=True`, data fetched later); `opening` is where it opens,
+    as a link's #fragment says it ({"view": "model", "layer": 2}); `theme` "light" or "dark"."""
+    if theme not in THEMES:
+        raise AttnlabError(f'theme: expected "light" or "dark", got {theme!r}')
     if ma is not None:
-        data = (f'<script type="application/json" id="attn-data">'
-                f"{json_for_script(payload(ma, text))}</script>\n")
-    title = "attnlab" if ma is None else f"attnlab: {text or ' '.join(ma.tokens)}"
+        data = payload(ma, text)
+    script = title = ""
+    if data is not None:
+        script = (f'<script type="application/json" id="attn-data">'
+                  f"{json_for_script(data)}</script>\n")
+        title = text or " ".join((data["sets"][0] if "sets" in data else data)["tokens"])
+    title = f"attnlab: {title}" if title else "attnlab"
     return _fill(asset("page.html"), {
         "csp": html.escape(csp(app)), "title": html.escape(title[:120]), "css": asset("attn.css"),
-        "mode": "app" if app else "page", "form": _APP_FORM if app else "", "data": data,
+        "mode": "app" if app else "page", "form": _APP_FORM if app else "", "data": script,
+        "theme": theme,
         "js": asset("attn.js"),
         "open": html.escape("&".join(f"{k}={v}" for k, v in (opening or {}).items())),
     })

@@ -6,8 +6,27 @@
   var FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif";
   var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#e6550d", "#8c564b",
                  "#d6338a", "#138d90", "#7a7a00", "#555555", "#393b79", "#ad494a"];
+  // matrix "rollout": the head view shows rollout. sets: the page's captures (encoder, decoder,
+  // cross); choices: its "attention" list, each a capture and a block [rows) x [cols) of it
   var state = { data: null, layer: 0, head: 0, token: 0, view: "head", pinned: null,
-                stat: "prev", matrix: null };  // matrix "rollout": the head view shows rollout
+                stat: "prev", matrix: null, sets: [], choices: [], choice: 0,
+                rows: [0, 0], cols: [0, 0] };
+  // display_mode: the drawing's colours; ramp = weight 0 -> 1 (the heatmaps' colour scale)
+  var THEMES = {
+    light: { bg: "#fff", text: "#222", muted: "#555", faint: "#aaa", frame: "#999",
+             masked: [200, 200, 200], lo: [255, 255, 255], hi: [8, 48, 107] },
+    dark: { bg: "#000", text: "#ccc", muted: "#999", faint: "#555", frame: "#555",
+            masked: [64, 64, 64], lo: [0, 0, 0], hi: [120, 190, 255] }
+  };
+  function theme() { return THEMES[document.body.getAttribute("data-theme")] || THEMES.light; }
+  function ramp(w) {
+    var t = theme();
+    return [0, 1, 2].map(function (c) { return Math.round(t.lo[c] + (t.hi[c] - t.lo[c]) * w); });
+  }
+  function onRamp(w) {  // text colour readable on ramp(w)
+    return (w > 0.6) === (theme() === THEMES.light) ? "#fff" : "#111";
+  }
+  function rgb(c) { return "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")"; }
 
   function $(id) { return document.getElementById(id); }
 
@@ -23,6 +42,12 @@
     for (var k in raw) d[k] = raw[k];
     d.W = floats(raw.weights);  // (layers, H, L, S)
     d.M = bytes(raw.mask);      // (L, S), 1 = may attend
+    d.LM = raw.layer_masks ? bytes(raw.layer_masks) : null;  // (layers, L, S): each layer's own
+    d.B = floats(raw.bias);     // (layers, H, L, S) added to the scores, or null
+    d.qTok = raw.tokens;        // L query tokens
+    d.kTok = raw.key_tokens || raw.tokens;  // S key tokens (another text's for cross-attention)
+    d.layerIds = raw.layer_ids || range(raw.n_layers);  // the model's numbers of the drawn ones
+    d.headIds = raw.head_ids || range(raw.n_heads);
     d.Q = floats(raw.queries);  // (layers, H, L, D)
     d.K = floats(raw.keys);     // (layers, H, S, D)
     d.V = floats(raw.values);   // (layers, H, S, Dv)
@@ -36,7 +61,12 @@
   function shown(l, h, i, j) {  // what the head view draws: a head's weights, or the rollout
     return state.matrix === "rollout" ? state.data.R[i * state.data.S + j] : weight(l, h, i, j);
   }
-  function allowed(i, j) { return state.data.M[i * state.data.S + j] === 1; }
+  function range(n) { var r = []; for (var t = 0; t < n; t++) r.push(t); return r; }
+  function allowed(i, j, l) {  // layer l's mask when the capture has one per layer
+    var d = state.data;
+    if (l != null && d.LM && state.matrix !== "rollout") return d.LM[(l * d.L + i) * d.S + j] === 1;
+    return d.M[i * d.S + j] === 1;
+  }
   function row(A, l, h, i, n, D) {
     var o = ((l * state.data.n_heads + h) * n + i) * D;
     return A.subarray(o, o + D);
@@ -60,18 +90,19 @@
     return e;
   }
   function label(x, y, text, extra) {
-    var a = { x: x, y: y, "font-family": FONT, "font-size": 13, fill: "#222" };
+    var a = { x: x, y: y, "font-family": FONT, "font-size": 13, fill: theme().text };
     for (var k in extra || {}) a[k] = extra[k];
     return el("text", a, text);
   }
   // "H0 H1 ..." above the columns and "L0 L1 ..." beside the rows of a layers x heads grid
   function gridLabels(svg, d, left, top, step, cell) {
     for (var h = 0; h < d.n_heads; h++) {
-      svg.appendChild(label(left + h * step + cell / 2, top - 8, "H" + h,
+      svg.appendChild(label(left + h * step + cell / 2, top - 8, "H" + d.headIds[h],
                             { "text-anchor": "middle", "font-size": 11 }));
     }
     for (var l = 0; l < d.n_layers; l++) {
-      svg.appendChild(label(4, top + l * step + cell / 2 + 4, "L" + l, { "font-size": 11 }));
+      svg.appendChild(label(4, top + l * step + cell / 2 + 4, "L" + d.layerIds[l],
+                            { "font-size": 11 }));
     }
   }
   function newDrawing(width, height) {
@@ -83,36 +114,44 @@
     svg.setAttribute("data-view", state.view);
     svg.setAttribute("data-layer", state.layer);
     svg.setAttribute("data-head", state.head);
-    svg.appendChild(el("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }));
+    svg.setAttribute("data-choice", state.choice);
+    svg.appendChild(el("rect", { "class": "background", x: 0, y: 0, width: width, height: height,
+                                 fill: theme().bg }));
     return svg;
   }
   function readout(text) { $("readout").textContent = text; }
+  function names(l, h) { return "layer " + state.data.layerIds[l] + ", head " + state.data.headIds[h]; }
+  function longestOf(tokens) {
+    var n = 0;
+    tokens.forEach(function (t) { n = Math.max(n, Math.min(t.length, 18)); });
+    return n;
+  }
 
-  // ---- head view: each token (left) to the tokens it borrows from (right), opacity = weight
+  // ---- head view: each query token (left) to the key tokens it borrows from (right), opacity =
+  // weight; only the chosen block of rows x columns (bertviz's sentence filter) is drawn
   function drawHead() {
     var d = state.data, l = state.layer, h = state.head, rowH = 22, top = 34;
-    var longest = 0;
-    d.tokens.forEach(function (t) { longest = Math.max(longest, Math.min(t.length, 18)); });
-    var colW = 16 + 8 * longest, pctW = 58, gap = 240;
-    var xL = pctW + colW, xR = xL + gap;
-    var width = xR + colW + pctW, height = top + rowH * Math.max(d.L, d.S) + 10;
+    var r0 = state.rows[0], r1 = state.rows[1], c0 = state.cols[0], c1 = state.cols[1];
+    var colW = 16 + 8 * Math.max(longestOf(d.qTok.slice(r0, r1)), longestOf(d.kTok.slice(c0, c1)));
+    var pctW = 58, gap = 240, xL = pctW + colW, xR = xL + gap;
+    var width = xR + colW + pctW, height = top + rowH * Math.max(r1 - r0, c1 - c0) + 10;
     var svg = newDrawing(width, height);
     svg.setAttribute("data-matrix", state.matrix || "head");
     svg.appendChild(label(10, 20, state.matrix === "rollout" ?
                           "attention rollout through every layer (heads averaged): where each " +
                           "token (left) came from (right); line opacity = share" :
-                          "layer " + l + ", head " + h + ": each token (left) borrows from " +
-                          "(right); line opacity = weight", { "font-size": 12, fill: "#555" }));
-    var color = PALETTE[h % PALETTE.length], links = el("g", { "class": "links" });
-    var byQuery = [], byKey = [];
-    for (var i = 0; i < d.L; i++) byQuery.push([]);
-    for (var j = 0; j < d.S; j++) byKey.push([]);
-    for (i = 0; i < d.L; i++) {
-      for (j = 0; j < d.S; j++) {
+                          names(l, h) + ": each token (left) borrows from " +
+                          "(right); line opacity = weight", { "font-size": 12, fill: theme().muted }));
+    var color = PALETTE[d.headIds[h] % PALETTE.length], links = el("g", { "class": "links" });
+    var byQuery = {}, byKey = {};
+    for (var i = r0; i < r1; i++) byQuery[i] = [];
+    for (var j = c0; j < c1; j++) byKey[j] = [];
+    for (i = r0; i < r1; i++) {
+      for (j = c0; j < c1; j++) {
         var w = shown(l, h, i, j);
-        if (!allowed(i, j) || w < 0.002) continue;  // invisible anyway; keeps the page light
-        var line = el("line", { "class": "link", x1: xL + 6, y1: top + rowH * i + 11,
-                                x2: xR - 6, y2: top + rowH * j + 11, stroke: color,
+        if (!allowed(i, j, l) || w < 0.002) continue;  // invisible anyway; keeps the page light
+        var line = el("line", { "class": "link", x1: xL + 6, y1: top + rowH * (i - r0) + 11,
+                                x2: xR - 6, y2: top + rowH * (j - c0) + 11, stroke: color,
                                 "stroke-width": 2, "stroke-opacity": w.toFixed(4),
                                 "data-i": i, "data-j": j });
         links.appendChild(line);
@@ -121,26 +160,30 @@
       }
     }
     svg.appendChild(links);
-    var qPct = [], kPct = [];
-    function side(n, isQuery) {
+    var qPct = {}, kPct = {};
+    function side(isQuery) {
       var g = el("g", { "class": isQuery ? "queries" : "keys" });
-      for (var t = 0; t < n; t++) {
-        var y = top + rowH * t;
+      var a = isQuery ? r0 : c0, b = isQuery ? r1 : c1, toks = isQuery ? d.qTok : d.kTok;
+      for (var t = a; t < b; t++) {
+        var y = top + rowH * (t - a);
         var tg = el("g", { "class": "tok " + (isQuery ? "q" : "k"), "data-index": t,
                            cursor: "pointer" });
         tg.appendChild(el("rect", { x: isQuery ? pctW : xR, y: y, width: colW, height: rowH - 2,
-                                    fill: "#fff", "fill-opacity": 0 }));
-        tg.appendChild(label(isQuery ? xL - 4 : xR + 4, y + 15, short(d.tokens[t], 18),
+                                    fill: theme().bg, "fill-opacity": 0 }));
+        tg.appendChild(label(isQuery ? xL - 4 : xR + 4, y + 15, short(toks[t], 18),
                              { "text-anchor": isQuery ? "end" : "start" }));
-        tg.appendChild(el("title", {}, d.tokens[t]));
+        tg.appendChild(el("title", {}, toks[t]));
         var p = label(isQuery ? 4 : xR + colW + 4, y + 15, "",
                       { "class": "pct", "font-size": 12, fill: color });
-        (isQuery ? qPct : kPct).push(p);
+        (isQuery ? qPct : kPct)[t] = p;
         g.appendChild(p);
         g.appendChild(tg);
         hookToken(tg, t, isQuery);
       }
       svg.appendChild(g);
+    }
+    function clearPct() {
+      [qPct, kPct].forEach(function (o) { for (var t in o) o[t].textContent = ""; });
     }
     function isolate(lines) {
       links.querySelectorAll(".link").forEach(function (x) { x.setAttribute("display", "none"); });
@@ -148,29 +191,31 @@
     }
     function reset() {
       links.querySelectorAll(".link").forEach(function (x) { x.removeAttribute("display"); });
-      qPct.concat(kPct).forEach(function (p) { p.textContent = ""; });
+      clearPct();
       readout("Hover a token to see its weights; click one on the left to pin it.");
-      svg.querySelectorAll(".tok.q text").forEach(function (x, t) {
-        x.setAttribute("font-weight", t === state.pinned ? "bold" : "normal");
+      svg.querySelectorAll(".tok.q").forEach(function (x) {
+        x.querySelector("text").setAttribute(
+          "font-weight", +x.getAttribute("data-index") === state.pinned ? "bold" : "normal");
       });
-      if (state.pinned != null && state.pinned < d.L) focus(state.pinned, true);
+      if (state.pinned != null && state.pinned >= r0 && state.pinned < r1) focus(state.pinned, true);
     }
     function focus(t, isQuery) {
       isolate(isQuery ? byQuery[t] : byKey[t]);
-      qPct.concat(kPct).forEach(function (p) { p.textContent = ""; });
-      var ranked = [];
-      for (var o = 0; o < (isQuery ? d.S : d.L); o++) {
-        var qi = isQuery ? t : o, kj = isQuery ? o : t, on = allowed(qi, kj);
+      clearPct();
+      var ranked = [], a = isQuery ? c0 : r0, b = isQuery ? c1 : r1;
+      for (var o = a; o < b; o++) {
+        var qi = isQuery ? t : o, kj = isQuery ? o : t, on = allowed(qi, kj, l);
         var wv = shown(l, h, qi, kj);
         (isQuery ? kPct : qPct)[o].textContent = on ? pct(wv) : "masked";
         if (on) ranked.push([wv, o]);
       }
-      ranked.sort(function (a, b) { return b[0] - a[0]; });
+      ranked.sort(function (x, y) { return y[0] - x[0]; });
+      var other = isQuery ? d.kTok : d.qTok;
       var top5 = ranked.slice(0, 5).map(function (r) {
-        return "\u201c" + d.tokens[r[1]] + "\u201d " + pct(r[0]);
+        return "\u201c" + other[r[1]] + "\u201d " + pct(r[0]);
       }).join(", ");
-      readout("\u201c" + d.tokens[t] + "\u201d " + (isQuery ? "borrows from: " :
-              "is borrowed by: ") + top5);
+      readout("\u201c" + (isQuery ? d.qTok : d.kTok)[t] + "\u201d " +
+              (isQuery ? "borrows from: " : "is borrowed by: ") + top5);
     }
     function hookToken(tg, t, isQuery) {
       tg.addEventListener("mouseenter", function () { focus(t, isQuery); });
@@ -182,22 +227,24 @@
         reset();
       });
     }
-    side(d.L, true);
-    side(d.S, false);
+    side(true);
+    side(false);
     reset();
   }
 
   // ---- model view: layers x heads heatmap thumbnails; click one to open it in the head view
-  function heatmapURL(l, h, at) {
-    var d = state.data, c = document.createElement("canvas");
-    c.width = d.S;
-    c.height = d.L;
-    var ctx = c.getContext("2d"), img = ctx.createImageData(d.S, d.L);
-    for (var i = 0; i < d.L; i++) {
-      for (var j = 0; j < d.S; j++) {
-        var o = 4 * (i * d.S + j), w = at ? at(i, j) : weight(l, h, i, j);
-        var rgb = allowed(i, j) ? [255 - 247 * w, 255 - 207 * w, 255 - 148 * w] : [200, 200, 200];
-        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2];
+  function heatmapURL(l, h, at) {  // the chosen block of rows x columns only
+    var r0 = state.rows[0], c0 = state.cols[0], nR = state.rows[1] - r0, nC = state.cols[1] - c0;
+    var c = document.createElement("canvas"), masked = theme().masked;
+    c.width = nC;
+    c.height = nR;
+    var ctx = c.getContext("2d"), img = ctx.createImageData(nC, nR);
+    for (var i = 0; i < nR; i++) {
+      for (var j = 0; j < nC; j++) {
+        var o = 4 * (i * nC + j), w = at ? at(i + r0, j + c0) : weight(l, h, i + r0, j + c0);
+        var on = at ? allowed(i + r0, j + c0) : allowed(i + r0, j + c0, l);
+        var px = on ? ramp(w) : masked;
+        img.data[o] = px[0]; img.data[o + 1] = px[1]; img.data[o + 2] = px[2];
         img.data[o + 3] = 255;
       }
     }
@@ -205,12 +252,13 @@
     return c.toDataURL("image/png");
   }
   function drawModel() {
-    var d = state.data, cell = Math.max(44, Math.min(90, 4 * d.L)), pad = 8, left = 40, top = 48;
+    var d = state.data, n = Math.max(state.rows[1] - state.rows[0], state.cols[1] - state.cols[0]);
+    var cell = Math.max(44, Math.min(90, 4 * n)), pad = 8, left = 40, top = 48;
     var width = Math.max(560, left + d.n_heads * (cell + pad) + 10), height = top + d.n_layers * (cell + pad) + 10;
     if (d.R) height += cell + 30;
     var svg = newDrawing(width, height);
     svg.appendChild(label(10, 18, "model view: rows = layers, columns = heads (click one to open " +
-                          "it; grey = masked)", { "font-size": 12, fill: "#555" }));
+                          "it; grey = masked)", { "font-size": 12, fill: theme().muted }));
     gridLabels(svg, d, left, top, cell + pad, cell);
     for (var l = 0; l < d.n_layers; l++) {
       for (var h = 0; h < d.n_heads; h++) {
@@ -221,9 +269,9 @@
                                     style: "image-rendering: pixelated" }));
         var current = l === state.layer && h === state.head;
         g.appendChild(el("rect", { x: x, y: y, width: cell, height: cell, fill: "none",
-                                   stroke: current ? "#d62728" : "#999",
+                                   stroke: current ? "#d62728" : theme().frame,
                                    "stroke-width": current ? 3 : 1 }));
-        g.appendChild(el("title", {}, "layer " + l + ", head " + h));
+        g.appendChild(el("title", {}, names(l, h)));
         g.addEventListener("click", openThumb.bind(null, l, h));
         svg.appendChild(g);
       }
@@ -237,7 +285,7 @@
                                    href: heatmapURL(0, 0, function (i, j) { return d.R[i * d.S + j]; }),
                                    preserveAspectRatio: "none", style: "image-rendering: pixelated" }));
       rg.appendChild(el("rect", { x: left, y: ry, width: cell, height: cell, fill: "none",
-                                  stroke: state.matrix === "rollout" ? "#d62728" : "#999" }));
+                                  stroke: state.matrix === "rollout" ? "#d62728" : theme().frame }));
       rg.appendChild(el("title", {}, "attention rollout"));
       rg.addEventListener("click", function () {
         state.matrix = "rollout";
@@ -276,26 +324,24 @@
       if (!(hi > lo)) { lo = 0; hi = 1; }
     }
     svg.appendChild(label(10, 18, "heads view: " + state.stat + " per head (hover for the label, " +
-                          "click to open the head)", { "font-size": 12, fill: "#555" }));
+                          "click to open the head)", { "font-size": 12, fill: theme().muted }));
     gridLabels(svg, d, left, top, cell + pad, cell);
     for (var l = 0; l < d.n_layers; l++) {
       for (var h = 0; h < d.n_heads; h++) {
         var v = values[l][h], x = left + h * (cell + pad), y = top + l * (cell + pad);
         var t = v == null ? 0 : Math.max(0, Math.min(1, (v - lo) / (hi - lo)));
-        var fill = v == null ? "#d4d4d4" :
-          "rgb(" + Math.round(255 - 247 * t) + "," + Math.round(255 - 207 * t) + "," +
-          Math.round(255 - 148 * t) + ")";
+        var fill = v == null ? rgb(theme().masked) : rgb(ramp(t));
         var text = v == null ? "–" : state.stat === "offset" ? (v > 0 ? "+" : "") + v :
           v.toFixed(2);
         var g = el("g", { "class": "headcell", "data-layer": l, "data-head": h,
                           "data-value": v == null ? "" : v, "data-label": hs.labels[l][h],
                           cursor: "pointer" });
         g.appendChild(el("rect", { x: x, y: y, width: cell, height: cell, fill: fill,
-                                   stroke: "#999", "stroke-width": 1 }));
+                                   stroke: theme().frame, "stroke-width": 1 }));
         g.appendChild(label(x + cell / 2, y + cell / 2 + 4, text,
                             { "text-anchor": "middle", "font-size": 11,
-                              fill: t > 0.6 ? "#fff" : "#222" }));
-        g.appendChild(el("title", {}, "layer " + l + ", head " + h + ": " + hs.labels[l][h] +
+                              fill: onRamp(t) }));
+        g.appendChild(el("title", {}, names(l, h) + ": " + hs.labels[l][h] +
                          " (" + state.stat + " = " + text + ")"));
         g.addEventListener("click", openThumb.bind(null, l, h));
         svg.appendChild(g);
@@ -304,13 +350,18 @@
     readout("Labels: " + hs.rules);
   }
 
-  // ---- step view: the lesson's pipeline for one token and head, with the model's numbers
+  // ---- step view: the lesson's pipeline for one token and head, with the model's numbers and
+  // the layer's own mask, softcap (c · tanh(s / c), Gemma 2) and bias (T5), as the model had them
+  function softcapOf(l) { var c = state.data.softcap; return c ? c[l] : null; }
   function steps(l, h, i) {
-    var d = state.data, q = row(d.Q, l, h, i, d.L, d.D), r = [];
+    var d = state.data, q = row(d.Q, l, h, i, d.L, d.D), r = [], cap = softcapOf(l);
     for (var j = 0; j < d.S; j++) {
       var k = row(d.K, l, h, j, d.S, d.D), s = 0;
       for (var t = 0; t < d.D; t++) s += q[t] * k[t];
-      r.push({ score: s, scaled: s * d.scale, masked: allowed(i, j) ? s * d.scale : -Infinity });
+      var x = s * d.scale;
+      if (cap) x = cap * Math.tanh(x / cap);
+      if (d.B) x += d.B[((l * d.n_heads + h) * d.L + i) * d.S + j];
+      r.push({ score: s, scaled: x, masked: allowed(i, j, l) ? x : -Infinity });
     }
     var m = -Infinity;
     r.forEach(function (x) { m = Math.max(m, x.masked); });
@@ -332,18 +383,21 @@
     var width = hasQKV ? 960 : 560, top = hasQKV ? 118 : 70, height = top + rowH * d.S + 70;
     var svg = newDrawing(width, height);
     svg.setAttribute("data-token", i);
-    svg.appendChild(label(10, 20, "step view: layer " + l + ", head " + h + ", token " + i +
-                          " \u201c" + d.tokens[i] + "\u201d", { "font-weight": "bold" }));
-    var st = hasQKV ? steps(l, h, i) : null;
+    svg.appendChild(label(10, 20, "step view: " + names(l, h) + ", token " + i +
+                          " \u201c" + d.qTok[i] + "\u201d", { "font-weight": "bold" }));
+    var st = hasQKV ? steps(l, h, i) : null, cap = softcapOf(l);
     if (hasQKV) {
       svg.appendChild(label(10, 42, "1 compare q\u00b7k \u2192 2 scale \u00d7 " + d.scale.toFixed(4) +
+                            (cap ? ", softcap " + cap + "\u00b7tanh(s/" + cap + ")" : "") +
+                            (d.B ? ", + bias" : "") +
                             " \u2192 3 mask (\u2212\u221e where not allowed) \u2192 4 softmax % " +
-                            "\u2192 5 borrow \u03a3 weight \u00d7 value", { "font-size": 12, fill: "#555" }));
+                            "\u2192 5 borrow \u03a3 weight \u00d7 value",
+                            { "font-size": 12, fill: theme().muted, "class": "pipeline" }));
       svg.appendChild(label(10, 64, "query q = " + vecText(st.q, 6) + "  (" + d.D + " dims)",
                             { "font-size": 12, "font-family": "DejaVu Sans Mono, monospace" }));
     } else {
       svg.appendChild(label(10, 42, "This capture has weights only (no queries, keys, values): " +
-                            "showing the softmax step.", { "font-size": 12, fill: "#a33" }));
+                            "showing the softmax step.", { "font-size": 12, fill: "#d44" }));
     }
     var heads = hasQKV ? ["key", "1 q\u00b7k", "2 scaled", "3 masked", "4 softmax", "model",
                           "5 weight \u00d7 value"] : ["key", "model's weight", ""];
@@ -352,9 +406,9 @@
     });
     var maxDiff = 0, mono = { "font-family": "DejaVu Sans Mono, monospace", "font-size": 12 };
     for (var j = 0; j < d.S; j++) {
-      var y = top + rowH * j, on = allowed(i, j), mw = weight(l, h, i, j);
+      var y = top + rowH * j, on = allowed(i, j, l), mw = weight(l, h, i, j);
       var g = el("g", { "class": "step-row", "data-j": j });
-      g.appendChild(label(10, y + 15, short(d.tokens[j], 16), { fill: on ? "#222" : "#aaa" }));
+      g.appendChild(label(10, y + 15, short(d.kTok[j], 16), { fill: on ? theme().text : theme().faint }));
       if (hasQKV) {
         var r = st.rows[j];
         maxDiff = Math.max(maxDiff, Math.abs(r.p - (on ? mw : 0)));
@@ -366,7 +420,7 @@
         g.appendChild(label(10 + cols[4] + 96, y + 15, pct(r.p),
                             { "class": "softmax", "font-size": 12 }));
         g.appendChild(label(10 + cols[5], y + 15, on ? pct(mw) : "masked",
-                            { "font-size": 12, fill: "#555" }));
+                            { "font-size": 12, fill: theme().muted }));
         var contrib = Array.prototype.map.call(r.v.subarray(0, 3), function (v) { return r.p * v; });
         g.appendChild(label(10 + cols[6], y + 15, vecText(contrib, 3) + " \u2026", mono));
       } else {
@@ -382,10 +436,10 @@
       svg.appendChild(label(10, yb, "output = \u03a3 weight \u00d7 value = " + vecText(st.out, 6) +
                             "  (" + d.Dv + " dims)", mono));
       svg.appendChild(label(10, yb + 22, "check: max |softmax here \u2212 model's weight| = " +
-                            maxDiff.toExponential(1), { "font-size": 12, fill: "#555",
+                            maxDiff.toExponential(1), { "font-size": 12, fill: theme().muted,
                                                         "class": "check" }));
     }
-    readout("Token " + i + " \u201c" + d.tokens[i] + "\u201d in layer " + l + ", head " + h + ".");
+    readout("Token " + i + " \u201c" + d.qTok[i] + "\u201d in " + names(l, h) + ".");
   }
 
   // ---- controls, export
@@ -405,6 +459,7 @@
   function render() {
     var d = state.data;
     if (!d) return;
+    $("filter").value = String(state.choice);
     $("layer").value = String(state.layer);
     $("head").value = String(state.head);
     $("token").value = String(state.token);
@@ -417,24 +472,37 @@
     else if (state.view === "heads") drawHeads();
     else drawHead();
   }
-  function show(raw) {
-    var d = load(raw);
+  function show(raw) {  // one capture's payload, or a document of several with its choices
     if (state.data !== null) state.pinned = null;  // a new sentence: the old pin means nothing
+    state.sets = (raw.sets || [raw]).map(load);
+    state.choices = raw.choices || [{ name: "", set: 0 }];
+    fill($("filter"), state.choices.length, function (k) { return state.choices[k].name; });
+    $("filter-label").hidden = state.choices.length < 2;
+    state.data = null;
+    choose(Math.min(state.choice, state.choices.length - 1));
+  }
+  function choose(k) {  // an entry of the "attention" list: a capture, and a block of it
+    var c = state.choices[k], d = state.sets[c.set];
+    if (state.data !== null && state.data !== d) state.pinned = null;
+    state.choice = k;
     state.data = d;
+    state.rows = c.rows || [0, d.L];
+    state.cols = c.cols || [0, d.S];
     if (!d.R) state.matrix = null;
     state.layer = Math.min(state.layer, d.n_layers - 1);
     state.head = Math.min(state.head, d.n_heads - 1);
     state.token = Math.min(state.token, d.L - 1);
-    fill($("layer"), d.n_layers, String);
-    fill($("head"), d.n_heads, String);
-    fill($("token"), d.L, function (t) { return t + ": " + short(d.tokens[t], 24); });
-    var names = d.head_stats ? Object.keys(d.head_stats.stats) : [];
-    fill($("stat"), names.length, function (k) { return names[k]; });
-    $("stat").querySelectorAll("option").forEach(function (o, k) { o.value = names[k]; });
-    if (names.length && names.indexOf(state.stat) < 0) state.stat = names[0];
-    $("title").textContent = d.text == null ? d.tokens.join(" ") : d.text;
+    fill($("layer"), d.n_layers, function (l) { return String(d.layerIds[l]); });
+    fill($("head"), d.n_heads, function (h) { return String(d.headIds[h]); });
+    fill($("token"), d.L, function (t) { return t + ": " + short(d.qTok[t], 24); });
+    var stats = d.head_stats ? Object.keys(d.head_stats.stats) : [];
+    fill($("stat"), stats.length, function (n) { return stats[n]; });
+    $("stat").querySelectorAll("option").forEach(function (o, n) { o.value = stats[n]; });
+    if (stats.length && stats.indexOf(state.stat) < 0) state.stat = stats[0];
+    $("title").textContent = d.text == null ? d.qTok.join(" ") : d.text;
     $("meta").textContent = d.model + " \u00b7 " + d.n_layers + " layers \u00d7 " + d.n_heads +
-      " heads \u00b7 " + d.L + " tokens" + (d.causal ? " \u00b7 causal" : "");
+      " heads \u00b7 " + d.L + " tokens" + (d.key_tokens ? " \u2192 " + d.S + " tokens" : "") +
+      (d.causal ? " \u00b7 causal" : "");
     render();
   }
   function svgText() {
@@ -450,7 +518,10 @@
     a.click();
     setTimeout(function () { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
   }
-  function baseName() { return "attention-" + state.view + "-L" + state.layer + "H" + state.head; }
+  function baseName() {
+    return "attention-" + state.view + "-L" + state.data.layerIds[state.layer] + "H" +
+      state.data.headIds[state.head];
+  }
   function exportSVG() {
     download(new Blob([svgText()], { type: "image/svg+xml" }), baseName() + ".svg");
   }
@@ -515,6 +586,7 @@
     });
     $("token").addEventListener("change", function () { state.token = +this.value; render(); });
     $("stat").addEventListener("change", function () { state.stat = this.value; render(); });
+    $("filter").addEventListener("change", function () { choose(+this.value); });
     document.querySelectorAll(".tab").forEach(function (b) {
       b.addEventListener("click", function () { state.view = b.getAttribute("data-view"); render(); });
     });
@@ -528,7 +600,7 @@
       if (k === "view" && ["head", "model", "step", "heads"].indexOf(v) >= 0) state.view = v;
       else if (k === "stat" && /^[a-z_]+$/.test(v)) state.stat = v;
       else if (k === "matrix" && v === "rollout") state.matrix = v;
-      else if (["layer", "head", "token", "pin"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
+      else if (["layer", "head", "token", "pin", "choice"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
         state[k === "pin" ? "pinned" : k] = +v;
       }
     });
