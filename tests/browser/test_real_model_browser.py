@@ -40,3 +40,37 @@ def test_real_model_page(open_page, real):
     assert diff < 1e-5  # float32 q, k in the page against the model's own weights
     assert np.isclose(ma.weights[3, 5, i].sum(), 1.0)
     assert watch.errors == [] and watch.outside() == []
+
+
+@pytest.mark.slow
+def test_head_view_of_minilm_outputs_offline(open_page, tmp_path, monkeypatch):
+    """bertviz's one line on the real model run by transformers itself (eager, its own
+    output_attentions): the page's decoded data is the model's weights and its tokens."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    import attnlab.viz as viz
+    from attnlab.explain.model import default_model_path
+
+    where = default_model_path()
+    tok = AutoTokenizer.from_pretrained(where, local_files_only=True)
+    model = AutoModel.from_pretrained(where, local_files_only=True,
+                                      attn_implementation="eager").eval()
+    enc = tok(TEXT, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**enc, output_attentions=True)
+    tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    path = viz.save(viz.head_view(out.attentions, tokens, html_action="return"),
+                    tmp_path / "minilm.html")
+    url = path.as_uri()
+    page, watch = open_page(url, allowed=[url])
+    page.wait_for_selector("#drawing .link", state="attached")
+    got = np.array(page.evaluate("Array.from(attnlabState.data.W)"))
+    want = torch.stack([a[0] for a in out.attentions]).numpy()  # (6, 12, L, L)
+    assert want.shape[:2] == (6, 12) and got.size == want.size
+    assert np.abs(got.reshape(want.shape) - want).max() <= 1e-6
+    assert page.evaluate("attnlabState.data.qTok") == tokens
+    assert texts(page, "#drawing .keys .tok title") == tokens
+    assert [u for u in watch.requests if u != url] == [] and watch.outside() == []
+    assert watch.errors == []
