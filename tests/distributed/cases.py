@@ -34,6 +34,9 @@ def make_mask(kind: str, L: int, B: int):
     if kind == "document":
         ids = torch.tensor([0] * (L // 3) + [1] * (L // 4) + [2] * (L - L // 3 - L // 4))
         return masks.document(ids), True
+    if kind == "docshard":  # L = 37 over 4 contiguous shards of 10: rank 0 shares no document
+        ids = torch.tensor([0] * 10 + [1] * 15 + [2] * (L - 25))
+        return masks.document(ids), True
     if kind == "padding":  # batch 1 pads queries: rows that attend nothing
         kl, ql = [L - 3, max(L // 2, 1)][:B], [L, max(L - 7, 1)][:B]
         return masks.padding(key_lengths=kl, query_lengths=ql), False
@@ -100,8 +103,14 @@ def exact_cases() -> list[dict]:
     for strategy in STRATEGIES:  # NaN in keys/values no query may attend
         add(P=4, layout="zigzag", strategy=strategy, mask="padding", L=26, nan=True)
     # a window of 64 at L = 4096 over 4 ranks: only halos move
-    add(P=4, layout="contiguous", strategy="allgather", mask="sliding64", L=4096, B=1,
-        heads="mha1", D=32)
+    for strategy in ("ring", "allgather"):
+        add(P=4, layout="contiguous", strategy=strategy, mask="sliding64", L=4096, B=1,
+            heads="mha1", D=32)
+    # documents inside shards: ranks that share no document exchange nothing
+    for layout in ("contiguous", "zigzag"):
+        for strategy in ("ring", "allgather"):
+            add(P=4, layout=layout, strategy=strategy, mask="docshard", L=37,
+                slow=layout == "zigzag")
     for dtype in ("fp32", "bf16"):
         for strategy in STRATEGIES:
             add(P=4, layout="zigzag", strategy=strategy, mask="causal", L=64, B=1, dtype=dtype)
@@ -199,34 +208,57 @@ def run_case(c: dict, group, rank: int) -> dict:
     res["bwd_recv"] = log.total("backward", "received")
     res["pairs"] = len(log.pairs)
     res["fwd_sends"] = log.count("send", "forward")
+    res["msgs"] = tuple(log.messages(ph, what) for ph in ("forward", "backward")
+                        for what in ("sent", "received"))
+    res["fwd_from"] = log.bytes_by_peer("forward", "received")
+    res["fwd_to"] = log.bytes_by_peer("forward", "sent")
+    res["row_bytes"] = B * Hkv * 2 * D * torch.empty((), dtype=dtype).element_size()
+    res["rows_attendable"] = _rows_attendable(L, P, lay, rank, mask, is_causal)
     res["finite"] = bool(torch.isfinite(o).all()) and all(bool(torch.isfinite(x).all())
                                                           for x in grads)
     est = cp.plan(L, H, Hkv, D, P, mask=mask, is_causal=is_causal, layout=lay, dtype=dtype,
                   batch=B)[c["strategy"]]
     res["plan"] = (est.fwd_sent[rank], est.fwd_recv[rank], est.bwd_sent[rank],
                    est.bwd_recv[rank])
+    res["plan_msgs"] = (est.fwd_msgs_sent[rank], est.fwd_msgs_recv[rank],
+                        est.bwd_msgs_sent[rank], est.bwd_msgs_recv[rank])
     res["expected_pairs"] = _expected_pairs(c, L, P, rank, mask, is_causal)
     return res
 
 
 def _expected_pairs(c, L, P, rank, mask, is_causal) -> int | None:
-    """Block pairs with anything to attend, from the dense mask (ring and allgather, dense
-    exchange or ring: one pair per (local piece, source piece))."""
+    """Block pairs with anything to attend, from the dense mask (ring: one pair per (local
+    piece, piece of the keys received from a rank), its own keys included)."""
     if c["strategy"] != "ring":
         return None
-    from attnlab.distributed.layouts import Sharding
-
     m = cp.cost.effective_mask(mask, is_causal)
-    sh = Sharding(L, c["layout"], P)
     dense = None if m is None else m.to_dense(L, L).flatten(0, 1).any(0)  # (L, S)
     geom = cp.geometry.Geometry(L, L, P, c["layout"], m)
     n = 0
-    for t in range(geom.ring_hops + 1):
-        for qp in sh.pieces(rank):
-            for kp in sh.pieces((rank - t) % P):
+    for src in range(P):
+        kps = geom.k.pieces(rank) if src == rank else geom.received_pieces(rank, src)
+        for qp in geom.q.pieces(rank):
+            for kp in kps:
                 if dense is None or bool(dense[qp.positions][:, kp.positions].any()):
                     n += 1
     return n
+
+
+def _rows_attendable(L, P, layout, rank, mask, is_causal) -> int:
+    """How many keys of the other ranks some query of this rank may attend (the dense mask): the
+    least a rank can receive."""
+    from attnlab.distributed.layouts import Sharding
+
+    m = cp.cost.effective_mask(mask, is_causal)
+    sh = Sharding(L, layout, P)
+    mine, others = sh.positions(rank), torch.ones(L, dtype=torch.bool)
+    others[mine] = False
+    if not len(mine):
+        return 0
+    if m is None:
+        return int(others.sum())
+    seen = m.to_dense(L, L).flatten(0, 1).any(0)[mine].any(0)  # (S,)
+    return int((seen & others).sum())
 
 
 def run_exact(rank: int, world: int, slow: bool) -> dict:

@@ -1,6 +1,6 @@
-"""The cost model on paper: load balance from the mask's tiles, halos, mask-aware transfer sets,
-feasibility, and the `attnlab plan-cp` table. (That the bytes equal what the code sends is
-asserted against the running group in test_comm.py.)"""
+"""The cost model on paper: load balance from the mask's tiles, halos, exact mask-aware transfer
+sets, messages and their latency, feasibility, and the `attnlab plan-cp` table. (That the bytes
+and messages equal what the code sends is asserted against the running group in test_comm.py.)"""
 
 import pytest
 import torch
@@ -25,14 +25,16 @@ def test_flops_of_a_full_square():
     assert sum(p["ring"].flops_fwd) == 4 * 4 * 1024 * 1024 * 64  # 4·H·L·S·D
 
 
-def test_sliding_window_ring_runs_one_hop_and_allgather_moves_halos():
+def test_sliding_window_ring_and_allgather_move_only_halos():
     W, L, P = 64, 4096, 4
     p = cp.plan(L, 1, 1, 32, P, mask=masks.sliding_window(W), layout="contiguous",
                 dtype=torch.float64)
     row = 1 * 1 * (32 + 32) * 8
-    assert p["ring"].fwd_sent == [1024 * row] * P  # one hop, not P - 1
-    assert p["allgather"].fwd_recv == [0] + [(W - 1) * row] * (P - 1)
-    assert p.choice == "allgather"
+    for s in ("ring", "allgather"):
+        assert p[s].fwd_recv == [0] + [(W - 1) * row] * (P - 1)  # not a shard of 1024
+        assert p[s].fwd_sent == [(W - 1) * row] * (P - 1) + [0]
+        assert p[s].fwd_msgs_recv == [0, 2, 2, 2]  # k and v from the left neighbour
+    assert p.choice == "ring"  # the same bytes, overlapped with compute
 
 
 def test_documents_within_shards_need_no_transfer():
@@ -46,10 +48,14 @@ def test_documents_within_shards_need_no_transfer():
 
 @pytest.mark.parametrize("layout", cp.LAYOUTS)
 @pytest.mark.parametrize("L, P", [(29, 3), (37, 4), (3, 4), (100, 8)])
-def test_transfer_sets_are_consistent_and_conservative(layout, L, P):
+def test_transfer_sets_are_exact(layout, L, P):
+    """Rank r receives exactly the keys of rank s that some query of r may attend: no more (for
+    striped layouts and `&` / `|` masks too, whose tiles are conservative), no fewer."""
     for m in (None, masks.causal(), masks.sliding_window(5),
               masks.document(torch.arange(L) // 7) & masks.causal(),
-              masks.padding(key_lengths=[L // 2, L - 1])):
+              masks.padding(key_lengths=[L // 2, L - 1]),
+              (masks.sliding_window(4) | masks.prefix_lm(2)) & masks.padding(key_lengths=L - 2),
+              masks.sliding_window(3) & ~masks.causal()):
         g = Geometry(L, L, P, layout, m)
         dense = None if m is None else m.to_dense(L, L).flatten(0, 1).any(0)
         for r in range(P):
@@ -62,7 +68,31 @@ def test_transfer_sets_are_consistent_and_conservative(layout, L, P):
                     dense[g.q.positions(r)][:, g.k.positions(s)].any(0)
                 got = torch.zeros_like(need)
                 got[rows] = True
-                assert not (need & ~got).any(), (m, r, s)
+                assert torch.equal(need, got), (m, r, s)
+
+
+def test_striped_causal_sends_no_key_past_a_ranks_last_query():
+    """Striped, L = 37 over 4: rank 1's queries are 1, 5, ..., 33, so it needs rank 0's keys
+    0, 4, ..., 32 (9 of 10) and none of the 36; rank 0 (up to query 36) needs all of everyone's."""
+    g = Geometry(37, 37, 4, "striped", masks.causal())
+    assert g.counts[1][0] == 9 and g.counts[0][1] == 9 and g.counts[0][3] == 9
+    assert g.counts[3][0] == 9 and g.counts[2][3] == 8  # rank 3's keys 3..31 below query 34
+
+
+def test_latency_adds_messages_times_latency_to_the_time():
+    """Contiguous causal over 4: rank 3 receives k and v from 3 ranks forward and again backward
+    and sends 3 partials back: 6 messages out, 12 in over both passes (the busiest)."""
+    kw = dict(mask=masks.causal(), layout="contiguous", dtype=torch.float64)
+    slow = cp.plan(4096, 1, 1, 32, 4, latency_us=100.0, **kw)["ring"]
+    fast = cp.plan(4096, 1, 1, 32, 4, latency_us=0.0, **kw)["ring"]
+    assert slow.fwd_msgs_recv == [0, 2, 4, 6] and slow.fwd_msgs_sent == [6, 4, 2, 0]
+    assert slow.bwd_msgs_sent == [6, 6, 6, 6] and slow.bwd_msgs_recv == [6, 6, 6, 6]
+    assert slow.latency_s == pytest.approx(12 * 100e-6)
+    assert slow.comm_s - fast.comm_s == pytest.approx(12 * 100e-6)
+    row = 1 * 1 * (32 + 32) * 8  # rank 3 receives 3 shards of 1024 keys, twice
+    assert fast.comm_s == pytest.approx(2 * 3 * 1024 * row / (100e9 / 8))
+    assert slow.serial_s == pytest.approx(slow.comm_s + slow.compute_s)
+    assert slow.time_s == pytest.approx(max(slow.comm_s, slow.compute_s))
 
 
 def test_ulysses_needs_divisible_heads():
@@ -73,12 +103,13 @@ def test_ulysses_needs_divisible_heads():
 
 def test_explain_names_the_pick_and_the_others():
     ch = cp.explain(4096, 8, 8, 64, 4, mask=masks.sliding_window(64), layout="contiguous")
-    assert ch.strategy == "allgather"
+    assert ch.strategy == "ring"
     assert "ring" in ch.reason and "ulysses" in ch.reason and "MiB" in ch.reason
 
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(dtype="int8"), "dtype"), (dict(link_gbps=0), "link_gbps"), (dict(layout="x"), "layout"),
+    (dict(latency_us=-1), "latency_us"), (dict(latency_us=float("nan")), "latency_us"),
 ])
 def test_plan_rejects_bad_arguments(kw, msg):
     with pytest.raises(AttnlabError, match=msg):
@@ -93,6 +124,22 @@ def test_cli_plan_cp_table(capsys):
     out = capsys.readouterr().out
     assert "| 8 | ring |" in out and "| 16 | allgather |" in out and "**auto**" in out
     assert "needs query heads H = 32 and key/value heads Hkv = 8 divisible by world = 16" in out
+    assert "10 µs per message" in out
+
+
+def test_cli_plan_cp_latency_flag(capsys):
+    import json
+
+    args = ["plan-cp", "--L", "4096", "--heads", "8", "--world", "4", "--json"]
+    assert main([*args, "--latency-us", "0"]) == 0
+    (zero,) = json.loads(capsys.readouterr().out)
+    assert main([*args, "--latency-us", "50"]) == 0
+    (fifty,) = json.loads(capsys.readouterr().out)
+    ring0, ring50 = zero["strategies"]["ring"], fifty["strategies"]["ring"]
+    msgs = max(max(a + b, c + d) for a, b, c, d in zip(
+        ring0["fwd_msgs_sent"], ring0["bwd_msgs_sent"], ring0["fwd_msgs_recv"],
+        ring0["bwd_msgs_recv"]))
+    assert ring0["latency_s"] == 0 and ring50["latency_s"] == pytest.approx(msgs * 50e-6)
 
 
 def test_cli_plan_cp_json_matches_plan(capsys):

@@ -1,9 +1,10 @@
 """`attnlab plan-cp`: context-parallel attention planned on paper, for 8-64 machines or any.
 
-For each world size, each strategy's bytes sent per rank (forward; forward + backward), FLOPs per
-rank, load balance (max / mean work over ranks), and predicted time on a link of --link-gbps and
-chips of --tflops, with and without overlapping communication and compute — the numbers
-`attnlab.distributed.plan` computes and the tests check against what the code really sends.
+For each world size, each strategy's bytes and messages sent per rank (forward; forward +
+backward), FLOPs per rank, load balance (max / mean work over ranks), and predicted time on a link
+of --link-gbps with --latency-us per message and chips of --tflops, with and without overlapping
+communication and compute — the numbers `attnlab.distributed.plan` computes and the tests check
+against what the code really sends.
 
 Masks: full, causal, sliding:W (causal window of W keys), document:N (N equal documents, causal
 inside each), prefix:N (prefix-LM with an N-token prefix).
@@ -32,6 +33,9 @@ def add_parser(sub):
                    help="link bandwidth per rank, Gbit/s, each way (default 100)")
     p.add_argument("--tflops", type=float, default=100.0,
                    help="attention throughput per rank, TFLOP/s (default 100)")
+    p.add_argument("--latency-us", type=float, default=None,
+                   help="latency per message, µs (default 10: a message between machines over "
+                   "InfiniBand / RoCE)")
     p.add_argument("--json", action="store_true", help="print the plans as JSON")
     return p
 
@@ -64,38 +68,46 @@ def parse_mask(spec: str, L: int):
 def _row(P, e, choice):
     mib = 2**20
     if not e.feasible:
-        return f"| {P} | {e.strategy} | — | — | — | — | — | — | — | — | {e.why_not} |"
+        return f"| {P} | {e.strategy} | — | — | — | — | — | — | — | — | — | {e.why_not} |"
     fwd = max(e.fwd_sent) / mib
     tflop = max(e.flops_fwd) / 1e12
     pick = "**auto**" if e.strategy == choice else ""
     return (f"| {P} | {e.strategy} | {fwd:,.1f} | {e.bytes_per_rank() / mib:,.1f} | "
-            f"{tflop:,.3g} | {e.load:.3f} | {e.comm_s * 1e3:,.1f} | {e.compute_s * 1e3:,.1f} | "
+            f"{e.messages_per_rank():,} | {tflop:,.3g} | {e.load:.3f} | {e.comm_s * 1e3:,.1f} | "
+            f"{e.compute_s * 1e3:,.1f} | "
             f"{e.time_s * 1e3:,.1f} | {e.serial_s * 1e3:,.1f} | {pick} |")
 
 
 def run(args) -> int:
     from attnlab.distributed import plan
+    from attnlab.distributed.cost import DEFAULT_LATENCY_US
 
     mask, is_causal = parse_mask(args.mask, args.L)
+    lat = DEFAULT_LATENCY_US if args.latency_us is None else args.latency_us
     hkv = args.kv_heads or args.heads
     plans = [plan(args.L, args.heads, hkv, args.head_dim, P, mask=mask, is_causal=is_causal,
                   layout=args.layout, dtype=args.dtype, batch=args.batch,
-                  link_gbps=args.link_gbps, tflops=args.tflops) for P in args.world]
+                  link_gbps=args.link_gbps, tflops=args.tflops, latency_us=lat)
+             for P in args.world]
     if args.json:
         print(json.dumps([{"world": p.world, "choice": p.choice, "reason": p.reason,
                            "strategies": {s: {k: getattr(e, k) for k in (
                                "feasible", "why_not", "fwd_sent", "fwd_recv", "bwd_sent",
-                               "bwd_recv", "flops_fwd", "comm_s", "compute_s")}
+                               "bwd_recv", "fwd_msgs_sent", "fwd_msgs_recv", "bwd_msgs_sent",
+                               "bwd_msgs_recv", "flops_fwd", "comm_s", "latency_s",
+                               "compute_s")}
                                | {"load": e.load if e.feasible else None,
                                   "time_s": e.time_s if e.feasible else None}
                                for s, e in p.estimates.items()}} for p in plans], indent=1))
         return 0
     print(f"# attnlab plan-cp: L={args.L}, B={args.batch}, H={args.heads}, Hkv={hkv}, "
           f"D={args.head_dim}, {args.dtype}, mask {args.mask}, layout {args.layout}; "
-          f"link {args.link_gbps:g} Gbit/s, {args.tflops:g} TFLOP/s per rank\n")
-    print("| ranks | strategy | fwd MiB sent/rank | fwd+bwd MiB sent/rank | fwd TFLOP/rank | "
-          "load max/mean | comm ms | compute ms | time ms (overlap) | time ms (serial) | |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          f"link {args.link_gbps:g} Gbit/s, {lat:g} µs per message, {args.tflops:g} TFLOP/s "
+          "per rank\n")
+    print("| ranks | strategy | fwd MiB sent/rank | fwd+bwd MiB sent/rank | fwd+bwd msgs/rank | "
+          "fwd TFLOP/rank | load max/mean | comm ms | compute ms | time ms (overlap) | "
+          "time ms (serial) | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in plans:
         for e in p.estimates.values():
             print(_row(p.world, e, p.choice))

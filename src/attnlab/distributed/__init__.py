@@ -7,9 +7,9 @@ the same answer as on one process, forward and backward.
     >>> out = h.attention(q, k, v, is_causal=True)                    # this rank's rows
     >>> cp.plan(1 << 20, 32, 8, 128, 64, mask=masks.causal()).choice  # on paper
 
-Strategies: "ring" (K/V travel P−1 hops, overlapped with compute), "allgather" (fetch once;
-only the keys the mask lets some local query see), "ulysses" (all-to-all to head shards).
-Masks are global; empty (query, key) pairs are never computed, unneeded keys never sent.
+Strategies: "ring" (each rank's keys go straight to the ranks that need them, one ring distance
+at a time, overlapped with compute), "allgather" (fetch once), "ulysses" (all-to-all to head
+shards). Masks are global; empty (query, key) pairs are never computed, unneeded keys never sent.
 
 Caution: every rank must make the same call (checked: a mismatch is an AttnlabError on every
 rank) and, when gradients are needed, run the backward. Per-head masks do not go with "ulysses".

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from attnlab.distributed import comm, cost, validate
 from attnlab.distributed.attend import Call
@@ -66,6 +64,7 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc)
     est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
                         link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
+                        latency_us=cost.DEFAULT_LATENCY_US,
                         per_head_mask=m is not None and m.heads > 1)
     if strategy == "auto":
         strategy = cost.choose(est).strategy
@@ -207,7 +206,7 @@ def init(backend: str | None = None, *, layout: str = "zigzag", strategy: str = 
     """
     check_layout(layout)
     check_choice("strategy", strategy, STRATEGY_CHOICES)
-    if not dist.is_initialized():
+    if not comm.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        comm.init_group(backend, timeout_s=timeout_s)
     return ContextParallel(None, layout, strategy)

@@ -9,12 +9,18 @@ model predicts:
 - all-to-all of an input of b bytes: sent (P−1)/P·b, received (P−1)/P·b;
 - send / receive: the tensor's bytes, to / from one peer.
 
+and messages, the count the cost model charges a latency for: a send is one message out, a
+receive one in; a collective over P ranks counts P−1 each way (the ring algorithm's steps for
+all-gather and reduce-scatter, one exchange with each peer for all-to-all).
+
 No rank waits without a timeout: every blocking call waits on the process group, whose timeout
 (set where the group was made, see `attnlab.distributed.init`) turns a missing peer into an error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +40,8 @@ class Op:
     received: int  # bytes this rank received
     peer: int | None = None  # group rank of the other side (send / recv)
     seconds: float = 0.0  # wall time of the blocking call or of the wait
+    msgs_out: int = 0  # messages this rank sent
+    msgs_in: int = 0  # messages this rank received
 
 
 @dataclass
@@ -52,6 +60,19 @@ class CommLog:
 
     def count(self, name: str, phase: str | None = None) -> int:
         return sum(1 for o in self.ops if o.name == name and (phase is None or o.phase == phase))
+
+    def messages(self, phase: str | None = None, what: str = "sent") -> int:
+        """Messages this rank sent (`what="sent"`) or received ("received") in `phase`."""
+        attr = "msgs_out" if what == "sent" else "msgs_in"
+        return sum(getattr(o, attr) for o in self.ops if phase is None or o.phase == phase)
+
+    def bytes_by_peer(self, phase: str | None = None, what: str = "received") -> dict[int, int]:
+        """{peer: bytes} of the point-to-point transfers of `phase`, one direction."""
+        out: dict[int, int] = {}
+        for o in self.ops:
+            if o.peer is not None and (phase is None or o.phase == phase):
+                out[o.peer] = out.get(o.peer, 0) + getattr(o, what)
+        return {p: b for p, b in sorted(out.items()) if b}
 
 
 _logs: list[CommLog] = []
@@ -93,15 +114,37 @@ def rank_world(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def init_group(backend: str, *, timeout_s: float, init_method: str | None = None,
+               rank: int | None = None, world: int | None = None) -> None:
+    """Join the default process group, every wait bounded by `timeout_s` (without init_method:
+    from the environment torchrun sets, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    kw = {} if init_method is None else {"init_method": init_method, "rank": rank,
+                                         "world_size": world}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def destroy_group() -> None:
+    """Leave the default process group, if any (never raises)."""
+    with contextlib.suppress(Exception):
+        if is_initialized():
+            dist.destroy_process_group()
+
+
 def global_rank(group, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
 
-def _collective(kind: str, phase: str, sent: int, call) -> None:
-    """Run one collective and log it: `sent` bytes leave this rank and as many arrive."""
+def _collective(kind: str, phase: str, sent: int, world: int, call) -> None:
+    """Run one collective and log it: `sent` bytes in P − 1 messages leave this rank and as many
+    arrive."""
     t0 = time.perf_counter()
     call()
-    _log(Op(kind, phase, sent, sent, seconds=time.perf_counter() - t0))
+    _log(Op(kind, phase, sent, sent, seconds=time.perf_counter() - t0, msgs_out=world - 1,
+            msgs_in=world - 1))
 
 
 def all_gather(out: torch.Tensor, part: torch.Tensor, group, phase: str) -> None:
@@ -109,7 +152,7 @@ def all_gather(out: torch.Tensor, part: torch.Tensor, group, phase: str) -> None
     _, P = rank_world(group)
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     # every rank's part -> every rank: (P − 1)·numel(part)·bytes in and out
-    _collective("all_gather", phase, (P - 1) * nbytes(part),
+    _collective("all_gather", phase, (P - 1) * nbytes(part), P,
                 lambda: fn(out, part.contiguous(), group=group))
 
 
@@ -118,7 +161,7 @@ def reduce_scatter(out: torch.Tensor, full: torch.Tensor, group, phase: str) -> 
     _, P = rank_world(group)
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     # each slice of full -> its owner: (P − 1)·numel(out)·bytes in and out
-    _collective("reduce_scatter", phase, (P - 1) * nbytes(out),
+    _collective("reduce_scatter", phase, (P - 1) * nbytes(out), P,
                 lambda: fn(out, full.contiguous(), group=group))
 
 
@@ -126,7 +169,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, group, phase: str) -> None:
     """out[j] ← rank j's inp[me], equal splits along dim 0 (P parts)."""
     _, P = rank_world(group)
     # P − 1 of the P parts of inp leave this rank, as many arrive
-    _collective("all_to_all", phase, (P - 1) * nbytes(inp) // P,
+    _collective("all_to_all", phase, (P - 1) * nbytes(inp) // P, P,
                 lambda: dist.all_to_all_single(out, inp.contiguous(), group=group))
 
 
@@ -143,11 +186,11 @@ class Exchange:
     def send(self, x: torch.Tensor, peer: int, tag: int) -> None:
         x = x.contiguous()
         self.ops.append(dist.P2POp(dist.isend, x, global_rank(self.group, peer), self.group, tag))
-        self.logged.append(Op("send", self.phase, nbytes(x), 0, peer))
+        self.logged.append(Op("send", self.phase, nbytes(x), 0, peer, msgs_out=1))
 
     def recv(self, x: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
         self.ops.append(dist.P2POp(dist.irecv, x, global_rank(self.group, peer), self.group, tag))
-        self.logged.append(Op("recv", self.phase, 0, nbytes(x), peer))
+        self.logged.append(Op("recv", self.phase, 0, nbytes(x), peer, msgs_in=1))
         return x
 
     def post(self) -> Exchange:

@@ -6,22 +6,28 @@ the tests assert they are equal — plus the FLOPs from the mask's tile classes 
 time on a link of `link_gbps` and a chip of `tflops`.
 
 Formulas (e = bytes per element of the inputs, a = 4, or 8 for float64; n = padded shard length;
-a key row is B·Hkv·(D + Dv) elements; h = ring hops):
+a key row is B·Hkv·(D + Dv) elements; c[r][s] = how many of rank s's keys rank r needs):
 
-- ring: forward h·n key rows each way; backward h·n key rows + (h + 1)·n accumulator rows (a).
-- allgather, all ranks need all: forward (P−1)·n key rows; backward the same again + (P−1)·n
-  gradient rows (a), reduce-scattered. Otherwise only the needed rows, point to point.
-- ulysses: q, k, v, out and lse each move (P−1)/P of their shard forward; their gradients
-  (all but the lse's) the same backward.
+- ring: forward, rank r sends Σ_d c[d][r] key rows and receives Σ_s c[r][s], one message for k and
+  one for v per peer with anything to move; backward the same again, plus the partial dK/dV rows
+  (a) back the other way, two messages per peer.
+- allgather, all ranks need all: forward (P−1)·n key rows in two all-gathers; backward the same
+  again + (P−1)·n gradient rows (a) in two reduce-scatters. Otherwise the ring's transfers, all
+  at once.
+- ulysses: q, k, v, out and lse each move (P−1)/P of their shard forward in one all-to-all each;
+  their gradients (all but the lse's) the same backward.
+- messages: a send is one; a collective counts P − 1 each way (as `comm` counts them).
 - FLOPs: 2·B·H·(D + Dv) per attended (query, key) pair forward (4·B·H·L·S·D for a full square),
   backward 2.5× that; a FULL tile counts its area, a PARTIAL tile half.
 
-Time: communication (the larger of sent and received, over the busiest rank) at link_gbps;
-compute (the busiest rank) at tflops. The ring overlaps the two; allgather and ulysses wait for
-their collectives, so their time is the sum.
+Time: communication = bytes / link_gbps + messages × latency_us (the larger direction, on the
+busiest rank); compute (the busiest rank) at tflops. The ring overlaps the two (time = the larger;
+each step's transfers are posted before the step before computes); allgather and ulysses wait for
+their transfers, so their time is the sum. Both are reported.
 
-Caution: the time is a model, not a measurement; it ignores latency per message, kernel
-efficiency at small blocks and contention. Bytes and FLOPs are exact counts of what the code does.
+Caution: the time is a model, not a measurement; it ignores kernel efficiency at small blocks,
+contention and the ring's per-step synchronisation. Bytes, messages and FLOPs are exact counts of
+what the code does.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from attnlab.masks import Mask, causal
 STRATEGIES = ("ring", "allgather", "ulysses")
 #: what "auto" assumes when the call does not say: a datacenter link and chip
 DEFAULT_LINK_GBPS, DEFAULT_TFLOPS = 100.0, 100.0
+#: per-message latency, µs: a typical inter-node message over InfiniBand / RoCE (NCCL; a few µs
+#: over NVLink within a node, tens of µs for gloo over TCP)
+DEFAULT_LATENCY_US = 10.0
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
           "fp16": torch.float16}
 
@@ -57,6 +66,11 @@ class Estimate:
     comm_s: float = 0.0  # forward + backward, busiest rank
     compute_s: float = 0.0  # forward + backward, busiest rank
     overlaps: bool = False
+    fwd_msgs_sent: list[int] = field(default_factory=list)
+    fwd_msgs_recv: list[int] = field(default_factory=list)
+    bwd_msgs_sent: list[int] = field(default_factory=list)
+    bwd_msgs_recv: list[int] = field(default_factory=list)
+    latency_s: float = 0.0  # the part of comm_s that is messages × latency, busiest rank
 
     @property
     def load(self) -> float:
@@ -72,6 +86,11 @@ class Estimate:
     @property
     def serial_s(self) -> float:
         return self.comm_s + self.compute_s
+
+    def messages_per_rank(self) -> int:
+        """Most forward + backward messages sent by any rank."""
+        return max(a + b for a, b in zip(self.fwd_msgs_sent, self.bwd_msgs_sent)) \
+            if self.fwd_msgs_sent else 0
 
     def bytes_per_rank(self) -> int:
         """Largest forward + backward bytes sent by any rank."""
@@ -106,7 +125,8 @@ def effective_mask(mask: Mask | None, is_causal: bool) -> Mask | None:
 
 
 def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype: torch.dtype,
-             link_gbps: float, tflops: float, per_head_mask: bool = False) -> dict[str, Estimate]:
+             link_gbps: float, tflops: float, latency_us: float = 0.0,
+             per_head_mask: bool = False) -> dict[str, Estimate]:
     """Every strategy's Estimate for this geometry and these sizes."""
     P = geom.world
     e = torch.empty((), dtype=dtype).element_size()
@@ -115,38 +135,49 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
     pairs = geom.work_pairs()
     flops = [2.0 * B * H * (D + Dv) * w for w in pairs]
     n = geom.k.n_max
-    bw, rate = link_gbps * 1e9 / 8, tflops * 1e12
+    bw, rate, lat = link_gbps * 1e9 / 8, tflops * 1e12, latency_us * 1e-6
     zeros = [0] * P
 
-    def make(name, fs, fr, bs, br, fl, overlaps):
-        comm_s = max(max(x + y, u + w) for x, y, u, w in zip(fs, bs, fr, br)) / bw
-        return Estimate(name, True, "", fs, fr, bs, br, fl, comm_s, 3.5 * max(fl) / rate, overlaps)
+    def make(name, fs, fr, bs, br, mfs, mfr, mbs, mbr, fl, overlaps):
+        # per rank: the busier direction's bytes at bw, plus its messages at the latency
+        per_rank = [max(fs[r] + bs[r], fr[r] + br[r]) / bw
+                    + max(mfs[r] + mbs[r], mfr[r] + mbr[r]) * lat for r in range(P)]
+        msgs = max(max(mfs[r] + mbs[r], mfr[r] + mbr[r]) for r in range(P))
+        return Estimate(name, True, "", fs, fr, bs, br, fl, max(per_rank), 3.5 * max(fl) / rate,
+                        overlaps, mfs, mfr, mbs, mbr, msgs * lat)
 
     out = {}
-    h = geom.ring_hops
-    f = [h * n * row_e] * P
-    b = [h * n * row_e + (h + (h > 0)) * n * row_a] * P
-    out["ring"] = make("ring", f, f, b, b, flops, True)
+    # point to point: rank r sends the rows each other rank needs of its keys, once
+    cnt = [[geom.count_needed(r, s) if r != s else 0 for s in range(P)] for r in range(P)]
+    rows_out = [sum(cnt[d][r] for d in range(P)) for r in range(P)]  # rows others fetch from r
+    rows_in = [sum(cnt[r]) for r in range(P)]  # rows r fetches
+    peers_out = [sum(1 for d in range(P) if cnt[d][r]) for r in range(P)]
+    peers_in = [sum(1 for s in range(P) if cnt[r][s]) for r in range(P)]
+    p2p = (
+        [x * row_e for x in rows_out], [y * row_e for y in rows_in],
+        # backward: the keys again, then each partial dK/dV back to its owner
+        [x * row_e + y * row_a for x, y in zip(rows_out, rows_in)],
+        [y * row_e + x * row_a for x, y in zip(rows_out, rows_in)],
+        [2 * x for x in peers_out], [2 * y for y in peers_in],  # k and v: 2 messages a peer
+        [2 * (x + y) for x, y in zip(peers_out, peers_in)],
+        [2 * (x + y) for x, y in zip(peers_out, peers_in)])
+    out["ring"] = make("ring", *p2p, flops, True)
 
     if P > 1 and geom.all_need_all:
         f = [(P - 1) * n * row_e] * P
         b = [(P - 1) * n * (row_e + row_a)] * P
-        out["allgather"] = make("allgather", f, f, b, b, flops, False)
+        m = P - 1  # messages of one collective, each way
+        out["allgather"] = make("allgather", f, f, b, b, [2 * m] * P, [2 * m] * P,
+                                [4 * m] * P, [4 * m] * P, flops, False)
     else:
-        cnt = [[geom.count_needed(r, s) if r != s else 0 for s in range(P)] for r in range(P)]
-        sent = [sum(cnt[s][r] for s in range(P)) for r in range(P)]  # rows others fetch from r
-        got = [sum(cnt[r]) for r in range(P)]  # rows r fetches
-        out["allgather"] = make(
-            "allgather", [x * row_e for x in sent], [x * row_e for x in got],
-            [x * row_e + y * row_a for x, y in zip(sent, got)],
-            [y * row_e + x * row_a for x, y in zip(sent, got)], flops, False)
+        out["allgather"] = make("allgather", *p2p, flops, False)
 
     if H % P or Hkv % P or per_head_mask:
         why = (f"needs query heads H = {H} and key/value heads Hkv = {Hkv} divisible by "
                f"world = {P}" if H % P or Hkv % P else "a per-head mask cannot be split by heads")
         out["ulysses"] = Estimate("ulysses", False, why)
     elif P == 1:
-        out["ulysses"] = make("ulysses", zeros, zeros, zeros, zeros, flops, False)
+        out["ulysses"] = make("ulysses", *[zeros] * 8, flops, False)
     else:
         nq = geom.q.n_max
         lse = B * H * nq * a  # lse travels in the accumulation dtype
@@ -155,8 +186,9 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
         moved = sum((P - 1) * t // P for t in tensors)
         back = moved - (P - 1) * lse // P  # the lse has no gradient to carry back
         even = [sum(flops) / P] * P  # every rank runs all tokens of H/P heads
+        m_f, m_b = [len(tensors) * (P - 1)] * P, [(len(tensors) - 1) * (P - 1)] * P  # all-to-alls
         out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [back] * P, [back] * P,
-                              even, False)
+                              m_f, m_f, m_b, m_b, even, False)
     return out
 
 
@@ -188,7 +220,7 @@ def _ms(s: float) -> str:
 def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = None,
          is_causal: bool = False, layout: str = "zigzag", dtype=torch.bfloat16, batch: int = 1,
          S: int | None = None, Dv: int | None = None, link_gbps: float = DEFAULT_LINK_GBPS,
-         tflops: float = DEFAULT_TFLOPS) -> Plan:
+         tflops: float = DEFAULT_TFLOPS, latency_us: float = DEFAULT_LATENCY_US) -> Plan:
     """Predicted bytes, FLOPs, balance and time of every strategy for one attention call.
 
         >>> p = plan(4096, 8, 8, 64, 4, mask=masks.causal(), layout="zigzag")   # doctest: +SKIP
@@ -208,14 +240,18 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
     if H % Hkv:
         raise AttnlabError(f"Hkv: query heads H = {H} must be a multiple of Hkv = {Hkv}")
     for name, v in (("link_gbps", link_gbps), ("tflops", tflops)):
-        if not (isinstance(v, (int, float)) and v > 0):
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0):
             raise AttnlabError(f"{name}: expected a positive number, got {v!r}")
+    if isinstance(latency_us, bool) or not (isinstance(latency_us, (int, float))
+                                            and 0 <= latency_us < float("inf")):
+        raise AttnlabError(f"latency_us: expected a number >= 0, got {latency_us!r}")
     m = effective_mask(mask, is_causal)
     if m is not None:
         m.check(L, S)
     geom = Geometry(L, S, world, layout, m)
     est = estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link_gbps,
-                   tflops=tflops, per_head_mask=m is not None and m.heads > 1)
+                   tflops=tflops, latency_us=latency_us,
+                   per_head_mask=m is not None and m.heads > 1)
     ch = choose(est)
     return Plan(L, S, world, layout, "full" if m is None else repr(m), est, ch.strategy,
                 ch.reason)

@@ -10,14 +10,18 @@ talks only to the ranks that share a document, causal rank 0 fetches nothing.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from attnlab.distributed import attend, comm
 from attnlab.distributed.attend import Call
 from attnlab.distributed.comm import Exchange
-from attnlab.distributed.layouts import Piece
-from attnlab.distributed.ring import padded
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 21, 22, 23, 24
+
+
+def padded(x: torch.Tensor, n_max: int) -> torch.Tensor:
+    """(B, Hkv, n, D) -> (B, Hkv, n_max, D): zero rows appended (never attended)."""
+    return F.pad(x, (0, 0, 0, n_max - x.shape[2])).contiguous()
 
 
 def _dense_gather(c: Call, k, v, phase: str):
@@ -49,8 +53,7 @@ def _sparse_gather(c: Call, k, v, phase: str):
         if len(need):  # (B, Hkv, m, D) <- rank s
             kr = ex.recv(k.new_empty(B, Hkv, len(need), D), s, TAG_K)
             vr = ex.recv(v.new_empty(B, Hkv, len(need), Dv), s, TAG_V)
-            pos = c.geom.k.positions(s)[need]
-            blocks.append((kr, vr, [Piece(0, len(need), pos, None)]))
+            blocks.append((kr, vr, c.geom.received_pieces(c.rank, s)))
     ex.post().wait()
     return blocks
 

@@ -4,9 +4,11 @@ the mask leaves anything in, and which key rows each rank needs from each other 
 All of it comes from the mask's tile classes on global positions, so every rank derives the same
 answer with no communication, and the cost model (`plan`) uses the very same numbers.
 
-Caution: tile classes of combined masks (`&`, `|`) are conservative (a PARTIAL tile may turn out
-empty), and so is everything derived here: a transfer may carry a key that, evaluated exactly,
-no query attends; it never misses one that some query does.
+Transfer sets (which keys a rank receives) are exact at the granularity of `key_block` (one key
+for S <= 4096): from tile classes where they are exact, else from the mask evaluated on every
+rank's rows (striped layouts, `&` / `|` masks) as long as that stays within EXACT_BUDGET
+elements. Caution: beyond that budget they fall back to the tiles, which are conservative for
+those: a transfer may then carry a key no query attends; it never misses one that some query does.
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ import torch
 
 from attnlab.distributed.layouts import Piece, Sharding
 from attnlab.masks import EMPTY, FULL, PARTIAL, Mask
+from attnlab.masks.base import And, Not, Or
 
 #: key-side granularity of transfer planning: at most this many key blocks over the sequence
 MAX_KEY_BLOCKS = 4096
+#: most mask elements (Bm·Hm·L·S) evaluated to make transfer sets exact where tiles are not
+EXACT_BUDGET = 1 << 24
+#: most mask elements evaluated at a time
+EVAL_CHUNK = 1 << 22
 
 
 @dataclass
@@ -75,23 +82,50 @@ class Geometry:
 
     @cached_property
     def need_blocks(self) -> torch.Tensor:
-        """bool (world, nKb): rank r has a query that may attend some key of key block b."""
+        """bool (world, nKb): rank r has a query that may attend some key of key block b.
+
+        From the tile classes of (query chunk, key block) tiles where those are exact (contiguous
+        and zigzag layouts, masks other than `&` / `|`); otherwise from the mask evaluated on every
+        rank's rows when that is at most EXACT_BUDGET elements, else from the tiles, conservatively
+        (a rank with rows in a tile that is not EMPTY needs its key block).
+        """
         P, bk = self.world, self.key_block
         nkb = math.ceil(self.S / bk)
         has_rows = torch.tensor([self.q.size(r) > 0 for r in range(P)])
         if self.mask is None:
             return has_rows[:, None].expand(P, nkb).clone()
+        m = self.mask
+        exact_tiles = self.layout != "striped" and _tiles_exact(m)
+        if not exact_tiles and m.batch_size * m.heads * self.L * self.S <= EXACT_BUDGET:
+            return self._need_evaluated(nkb)
         bq = self.q.chunk if self.layout != "striped" else max(1, math.ceil(self.L / (2 * P)))
-        t = self.mask.tiles(self.L, self.S, bq, bk)  # (Bm, Hm, nQ, nKb)
+        t = m.tiles(self.L, self.S, bq, bk)  # (Bm, Hm, nQ, nKb)
         live = (t != EMPTY).flatten(0, 1).any(0)  # (nQ, nKb)
-        if self.layout == "striped":  # every rank has rows in every query block
-            return has_rows[:, None] & live.any(0)[None, :]
+        if self.layout == "striped":  # rank r has a row in tile i: some j ≡ r in [lo_i, hi_i]
+            lo = torch.arange(live.shape[0]) * bq
+            span = torch.clamp(self.L - lo, max=bq)  # rows per tile
+            has = (torch.arange(P)[:, None] - lo[None, :]) % P < span[None, :]  # (P, nQ)
+            return (has.double() @ live.double()) > 0  # (P, nQ) @ (nQ, nKb) -> (P, nKb)
         need = torch.zeros(P, nkb, dtype=torch.bool)
         for r in range(P):
             rows = [c for c in self.q.chunks_of(r) if c < live.shape[0]]
             if rows:
                 need[r] = live[rows].any(0)
         return need
+
+    def _need_evaluated(self, nkb: int) -> torch.Tensor:
+        """need_blocks from the mask itself on each rank's rows × all keys, in row chunks."""
+        P, bk, m = self.world, self.key_block, self.mask
+        cols = torch.arange(self.S)
+        step = max(1, EVAL_CHUNK // (m.batch_size * m.heads * self.S))
+        need = torch.zeros(P, nkb * bk, dtype=torch.bool)
+        for r in range(P):
+            pos = self.q.positions(r)
+            for a in range(0, len(pos), step):
+                # (Bm, Hm, rows, S) -> (S,): keys some of these rows may attend
+                need[r, :self.S] |= m.block(pos[a:a + step], cols, self.L, self.S).any(2).flatten(
+                    0, 1).any(0)
+        return need.reshape(P, nkb, bk).any(-1)  # (P, nKb)
 
     def rows_needed(self, r: int, s: int) -> torch.Tensor:
         """int64 local row indices of rank s's keys that rank r needs."""
@@ -101,23 +135,31 @@ class Geometry:
             self._cache[key] = torch.nonzero(self.need_blocks[r][pos // self.key_block]).flatten()
         return self._cache[key]
 
+    def received_pieces(self, r: int, s: int) -> list[Piece]:
+        """The pieces of what rank r receives from rank s: s's needed rows in s's local order. A
+        piece that is a whole chunk keeps the chunk (so its tile class applies); a part of one
+        has none (its pairs evaluate the mask)."""
+        rows, out, start = self.rows_needed(r, s), [], 0
+        for p in self.k.pieces(s):
+            sel = rows[(rows >= p.start) & (rows < p.start + p.length)] - p.start
+            if len(sel):
+                whole = len(sel) == p.length
+                out.append(Piece(start, len(sel), p.positions[sel], p.chunk if whole else None))
+                start += len(sel)
+        return out
+
     @cached_property
     def counts(self) -> list[list[int]]:
         """counts[r][s]: how many of rank s's keys rank r needs (r == s included)."""
-        P, bk, need = self.world, self.key_block, self.need_blocks
-        if self.layout == "striped":
-            per_s = [int(need[:, self.k.positions(s) // bk].sum(1).max()) for s in range(P)]
-            has = [self.q.size(r) > 0 for r in range(P)]
-            return [[per_s[s] if has[r] else 0 for s in range(P)] for r in range(P)]
-        nkb = need.shape[1]
-        hk = torch.clamp(self.S - torch.arange(nkb) * bk, min=0, max=bk)  # keys per block
-        per_chunk = self.k.chunk // bk
-        nch = math.ceil(nkb / per_chunk)
-        w = torch.zeros(P, nch * per_chunk, dtype=torch.int64)
-        w[:, :nkb] = need.long() * hk  # (P, nKb) keys needed per block
-        by_chunk = w.reshape(P, nch, per_chunk).sum(-1)  # (P, nChunks)
-        return [[int(sum(by_chunk[r, c] for c in self.k.chunks_of(s) if c < nch))
-                 for s in range(P)] for r in range(P)]
+        P, bk = self.world, self.key_block
+        owner = torch.empty(self.S, dtype=torch.int64)
+        for s in range(P):
+            owner[self.k.positions(s)] = s
+        nkb = self.need_blocks.shape[1]
+        per_block = torch.zeros(nkb, P, dtype=torch.int64)  # keys of each owner in each block
+        per_block.index_put_((torch.arange(self.S) // bk, owner),
+                             torch.ones(self.S, dtype=torch.int64), accumulate=True)
+        return (self.need_blocks.long() @ per_block).tolist()  # (P, nKb) @ (nKb, P) -> (P, P)
 
     def count_needed(self, r: int, s: int) -> int:
         return self.counts[r][s]
@@ -128,16 +170,11 @@ class Geometry:
         return all(self.counts[r][s] == self.k.size(s)
                    for r in range(self.world) for s in range(self.world) if r != s)
 
-    @cached_property
-    def ring_hops(self) -> int:
-        """How far key shards must travel along the ring: the largest (r − s) mod P with rank r
-        needing some key of rank s."""
-        hops = 0
-        for r in range(self.world):
-            for s in range(self.world):
-                if r != s and self.counts[r][s] > 0:
-                    hops = max(hops, (r - s) % self.world)
-        return hops
+    def peers(self, r: int) -> tuple[list[int], list[int]]:
+        """(ranks that need some of r's keys, ranks r needs some keys of), r itself excluded."""
+        P, cnt = self.world, self.counts
+        return ([d for d in range(P) if d != r and cnt[d][r]],
+                [s for s in range(P) if s != r and cnt[r][s]])
 
     # -- work: what each rank computes (for the cost model) ------------------------------------
     def work_pairs(self) -> list[float]:
@@ -158,6 +195,13 @@ class Geometry:
         if self.layout == "striped":
             return [float(per_block.sum()) * self.q.size(r) / self.L for r in range(P)]
         return [float(sum(per_block[c] for c in self.q.chunks_of(r) if c < nq)) for r in range(P)]
+
+
+def _tiles_exact(m: Mask) -> bool:
+    """Whether the mask's tile classes are exact (PARTIAL: something attends, something not)."""
+    if isinstance(m, (And, Or)):
+        return False
+    return _tiles_exact(m.a) if isinstance(m, Not) else True
 
 
 def _reduce_classes(t: torch.Tensor) -> torch.Tensor:

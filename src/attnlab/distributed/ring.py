@@ -1,57 +1,97 @@
-"""Ring strategy: key/value shards travel around the ring while each rank computes.
+"""Ring strategy: every key/value shard goes from its owner straight to the ranks that need it,
+one ring distance at a time, while each rank computes.
 
-Forward, step t = 0 … h: rank r holds the key shard of rank (r − t) mod P; the next hop is posted
-before the step computes, so the transfer overlaps the compute. h, the number of hops, is the
-farthest any rank's queries reach back along the ring under the mask (P − 1 for causal, 1 for a
-sliding window narrower than a shard): hops no query needs are not run.
+Forward, step t = 1 … P−1: rank r sends to rank (r + t) mod P the rows of its keys and values
+that rank's queries may attend (none: no message), and receives from rank (r − t) mod P the rows
+it needs of that rank's. Step t + 1's transfers are posted before step t computes (step 0 is the
+rank's own keys), so communication overlaps compute and at most two received blocks are held.
+A rank never receives a key none of its queries may attend: a shard no longer passes through
+ranks on its way, causal rank 0 receives nothing, a sliding window exchanges only halos, a
+document mask talks only to the ranks that share a document.
 
-Backward: the key shards travel the same way again, now with fp32 (fp64) dK/dV accumulators
-behind them: each rank adds its contribution to the accumulator of the shard it holds and passes
-it on while computing the next step; after the last step every accumulator goes straight home.
-dQ stays local. The forward's global out and lse are reused; nothing of size L×S is kept.
+Backward: the same transfers again (nothing of size S is kept between the passes); each rank
+computes the dK/dV partials (fp32, fp64 for fp64 inputs) of the rows it received and sends them
+straight back to their owner, which adds them to its own; dQ stays local. The forward's out and
+lse are reused; nothing of size L×S is kept.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from attnlab.distributed import attend
 from attnlab.distributed.attend import Call
 from attnlab.distributed.comm import Exchange
 
-TAG_K, TAG_V, TAG_DK, TAG_DV, TAG_HOME_K, TAG_HOME_V = 11, 12, 13, 14, 15, 16
+TAG_K, TAG_V, TAG_DK, TAG_DV = 11, 12, 13, 14
 
 
-def padded(x: torch.Tensor, n_max: int) -> torch.Tensor:
-    """(B, Hkv, n, D) -> (B, Hkv, n_max, D): zero rows appended (never attended)."""
-    return F.pad(x, (0, 0, 0, n_max - x.shape[2])).contiguous()
+def _steps(c: Call) -> list[int]:
+    """The ring distances t at which this rank sends or receives anything."""
+    P, cnt, r = c.world, c.geom.counts, c.rank
+    return [t for t in range(1, P) if cnt[(r + t) % P][r] or cnt[r][(r - t) % P]]
 
 
-def _hop(c: Call, phase: str, k_buf, v_buf) -> tuple[Exchange, torch.Tensor, torch.Tensor]:
-    nxt, prv = (c.rank + 1) % c.world, (c.rank - 1) % c.world
+def _fetch(c: Call, t: int, k, v, phase: str):
+    """Post step t: my keys that rank r + t needs go there; rank r − t's that I need come here.
+    Returns (exchange, k block, v block, its pieces) — blocks None when nothing comes."""
+    P, r, g = c.world, c.rank, c.geom
+    dst, src = (r + t) % P, (r - t) % P
     ex = Exchange(c.group, phase)
-    ex.send(k_buf, nxt, TAG_K)  # (B, Hkv, S/P, D) -> rank+1: B·Hkv·(S/P)·D·bytes
-    ex.send(v_buf, nxt, TAG_V)  # (B, Hkv, S/P, Dv) -> rank+1
-    k_new = ex.recv(torch.empty_like(k_buf), prv, TAG_K)  # (B, Hkv, S/P, D) <- rank-1
-    v_new = ex.recv(torch.empty_like(v_buf), prv, TAG_V)  # (B, Hkv, S/P, Dv) <- rank-1
-    return ex.post(), k_new, v_new
+    rows = g.rows_needed(dst, r).to(k.device)
+    if len(rows):  # (B, Hkv, m, D) -> dst: the m keys its queries may attend
+        whole = len(rows) == k.shape[2]
+        ex.send(k if whole else k.index_select(2, rows), dst, TAG_K)
+        ex.send(v if whole else v.index_select(2, rows), dst, TAG_V)
+    m = g.count_needed(r, src)
+    kb = vb = None
+    if m:  # (B, Hkv, m, D) <- src: the m keys of src my queries may attend
+        kb = ex.recv(k.new_empty(*k.shape[:2], m, k.shape[-1]), src, TAG_K)
+        vb = ex.recv(v.new_empty(*v.shape[:2], m, v.shape[-1]), src, TAG_V)
+    return ex.post(), kb, vb, g.received_pieces(r, src)
+
+
+def _return(c: Call, t: int, dk_b, dv_b, like_k, like_v):
+    """Post the dK/dV partials of step t to their owner (rank r − t) and receive mine from
+    rank r + t. Returns (exchange, rows, dk part, dv part) — parts None when nothing comes."""
+    P, r, g = c.world, c.rank, c.geom
+    src, dst = (r - t) % P, (r + t) % P
+    ex = Exchange(c.group, "backward")
+    if dk_b is not None:  # (B, Hkv, m, D) fp32 -> owner: grads of the keys it sent me
+        ex.send(dk_b, src, TAG_DK)
+        ex.send(dv_b, src, TAG_DV)
+    rows = g.rows_needed(dst, r).to(like_k.device)
+    gk = gv = None
+    if len(rows):  # (B, Hkv, m, D) fp32 <- dst: grads of the keys I sent it
+        gk = ex.recv(like_k.new_empty(*like_k.shape[:2], len(rows), like_k.shape[-1]), dst, TAG_DK)
+        gv = ex.recv(like_v.new_empty(*like_v.shape[:2], len(rows), like_v.shape[-1]), dst, TAG_DV)
+    return ex.post(), rows, gk, gv
+
+
+def _absorb(pending, dk, dv) -> None:
+    """Wait for a posted return and add the partials that came into this rank's dK, dV."""
+    ex, rows, gk, gv = pending
+    ex.wait()
+    if gk is not None:
+        dk.index_add_(2, rows, gk)
+        dv.index_add_(2, rows, gv)
 
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c: Call):
-        h, n_max, Dv = c.geom.ring_hops, c.geom.k.n_max, v.shape[-1]
+        Dv = v.shape[-1]
         q_acc = q.to(c.acc)
         state = attend.start_state(c, q, Dv)
-        k_buf, v_buf = padded(k, n_max), padded(v, n_max)
-        for t in range(h + 1):
-            nxt = _hop(c, "forward", k_buf, v_buf) if t < h else None
-            src = (c.rank - t) % c.world
-            attend.forward_block(c, state, q_acc, k_buf, v_buf, c.geom.k.pieces(src))
-            if nxt is not None:
-                nxt[0].wait()
-                k_buf, v_buf = nxt[1], nxt[2]
+        steps = _steps(c)
+        nxt = _fetch(c, steps[0], k, v, "forward") if steps else None
+        attend.forward_block(c, state, q_acc, k, v, c.geom.k.pieces(c.rank))
+        for i in range(len(steps)):
+            ex, kb, vb, pieces = nxt
+            ex.wait()
+            nxt = _fetch(c, steps[i + 1], k, v, "forward") if i + 1 < len(steps) else None
+            if kb is not None:  # computed while step i + 1's transfers travel
+                attend.forward_block(c, state, q_acc, kb, vb, pieces)
         out, lse = attend.finish_state(c, state, q, Dv)
         ctx.c = c
         ctx.save_for_backward(q, k, v, out, lse)
@@ -61,36 +101,23 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         c: Call = ctx.c
         q, k, v, out, lse = ctx.saved_tensors
-        h, n_max = c.geom.ring_hops, c.geom.k.n_max
         saved = (q.to(c.acc), out, lse, dout.to(c.acc), dlse.to(c.acc))
         dq = torch.zeros_like(saved[0])
-        k_buf, v_buf = padded(k, n_max), padded(v, n_max)
-        acc_ex, dk_acc, dv_acc = None, None, None
-        for t in range(h + 1):
-            nxt = _hop(c, "backward", k_buf, v_buf) if t < h else None
-            src = (c.rank - t) % c.world
-            dk_b, dv_b = attend.backward_block(c, saved, dq, k_buf, v_buf, c.geom.k.pieces(src))
-            if acc_ex is not None:  # the accumulator of shard src, from rank-1's last step
-                acc_ex.wait()
-                dk_b, dv_b = dk_b + dk_acc, dv_b + dv_acc
-            if nxt is not None:
-                nxt[0].wait()
-                k_buf, v_buf = nxt[1], nxt[2]
-                # this step's accumulators travel on while the next step computes
-                acc_ex = Exchange(c.group, "backward")
-                to, frm = (c.rank + 1) % c.world, (c.rank - 1) % c.world
-                acc_ex.send(dk_b, to, TAG_DK)  # (B, Hkv, S/P, D) fp32 -> rank+1
-                acc_ex.send(dv_b, to, TAG_DV)  # (B, Hkv, S/P, Dv) fp32 -> rank+1
-                dk_acc = acc_ex.recv(torch.empty_like(dk_b), frm, TAG_DK)  # <- rank-1
-                dv_acc = acc_ex.recv(torch.empty_like(dv_b), frm, TAG_DV)
-                acc_ex.post()
-        if h > 0:  # dk_b, dv_b: the finished accumulators of shard (rank - h); send them home
-            home = Exchange(c.group, "backward")
-            home.send(dk_b, (c.rank - h) % c.world, TAG_HOME_K)  # (B, Hkv, S/P, D) fp32 -> owner
-            home.send(dv_b, (c.rank - h) % c.world, TAG_HOME_V)
-            dk_b = home.recv(torch.empty_like(dk_b), (c.rank + h) % c.world, TAG_HOME_K)
-            dv_b = home.recv(torch.empty_like(dv_b), (c.rank + h) % c.world, TAG_HOME_V)
-            home.post().wait()
-        n = k.shape[2]
-        return (dq.to(q.dtype), dk_b[:, :, :n].to(k.dtype), dv_b[:, :, :n].to(v.dtype), None)
-
+        steps = _steps(c)
+        nxt = _fetch(c, steps[0], k, v, "backward") if steps else None
+        # (B, Hkv, S_local, D|Dv) in the accumulation dtype: this rank's own keys' gradients
+        dk, dv = attend.backward_block(c, saved, dq, k, v, c.geom.k.pieces(c.rank))
+        pending = None
+        for i, t in enumerate(steps):
+            ex, kb, vb, pieces = nxt
+            ex.wait()
+            nxt = _fetch(c, steps[i + 1], k, v, "backward") if i + 1 < len(steps) else None
+            dk_b = dv_b = None
+            if kb is not None:  # (B, Hkv, m, D|Dv) partials of rank (r − t)'s keys
+                dk_b, dv_b = attend.backward_block(c, saved, dq, kb, vb, pieces)
+            if pending is not None:
+                _absorb(pending, dk, dv)
+            pending = _return(c, t, dk_b, dv_b, dk, dv)  # travels while step t + 1 computes
+        if pending is not None:
+            _absorb(pending, dk, dv)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
