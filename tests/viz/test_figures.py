@@ -94,3 +94,24 @@ def test_sizes_scale_with_tokens():
         w_big, h_big = draw(big).get_size_inches()
         assert w_big > 1.5 * w_small and h_big > 1.5 * h_small
     assert figure_model(small).axes  # one mosaic, plus its colorbar
+
+
+def test_each_layer_is_drawn_with_its_own_mask():
+    """Gemma 2: layer 0 a 4-token sliding window, layer 1 every earlier token. The window's
+    outside is grey in layer 0's figures (not "weight 0"), and only there."""
+    from viz.fakes import recorded_capture
+
+    ma = recorded_capture("gemma2")
+    window = ma.layer_mask(0)
+    assert not (window == ma.layer_mask(1)).all()
+    for layer in (0, 1):
+        want = ~ma.layer_mask(layer)  # masked cells
+        for fig in (figure_head(ma, layer, 2), figure_layer(ma, layer)):
+            assert (np.ma.getmaskarray(fig.axes[0].images[0].get_array()) == want).all()
+    grey = np.array([0xD4, 0xD4, 0xD4]) / 255
+    mosaic = figure_model(ma).axes[0].images[0].get_array()  # layers down, heads across
+    L = len(ma.tokens)
+    gap = mosaic.shape[0] - 2 * L  # two layers and one gap between them
+    for layer in (0, 1):
+        cell = mosaic[layer * (L + gap):layer * (L + gap) + L, :L, :3]  # head 0
+        assert (np.isclose(cell, grey, atol=1e-6).all(-1) == ~ma.layer_mask(layer)).all()

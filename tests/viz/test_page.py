@@ -35,6 +35,20 @@ def test_payload_round_trips_arrays():
     assert p["tokens"] == TOKENS and p["causal"] is True and p["scale"] == pytest.approx(0.5)
 
 
+def test_payload_carries_each_layers_mask_softcap_and_bias():
+    from viz.fakes import recorded_capture
+
+    gemma, t5 = recorded_capture("gemma2"), recorded_capture("t5")
+    p = payload(gemma)
+    masks = np.frombuffer(base64.b64decode(p["layer_masks"]), dtype=np.uint8).reshape(2, 8, 8)
+    np.testing.assert_array_equal(masks.astype(bool), gemma.layer_masks)
+    assert p["softcap"] == [1.0, 1.0] and p["bias"] is None
+    p = payload(t5)
+    assert p["layer_masks"] is None and p["softcap"] is None
+    np.testing.assert_allclose(_f32(p["bias"]).reshape(2, 4, 8, 8), t5.bias, rtol=1e-6)
+    assert payload(fake_capture(TOKENS))["bias"] is None
+
+
 def test_payload_weights_only_capture():
     p = payload(fake_capture(TOKENS, qkv=False))
     assert p["queries"] is None and p["D"] is None

@@ -2,7 +2,8 @@
 
 Rows are query tokens (the one borrowing), columns are key tokens (borrowed from); colour is the
 softmax weight on a fixed 0..1 scale so heads compare honestly. Cells the mask forbids are grey and
-hatched, so "weight 0 because masked" never looks like "weight 0 because ignored".
+hatched, so "weight 0 because masked" never looks like "weight 0 because ignored". Each layer is
+drawn with its own mask (a model mixing sliding-window and full layers).
 
 Caution: labels stay legible up to about 64 tokens; beyond that the single-head figure keeps
 growing (capped at 30 inches) and the grids label every k-th token only.
@@ -71,6 +72,12 @@ def _draw(ax, weights, allowed, tokens=None, fontsize=8.0, every=1, hatch=True):
     return im
 
 
+def _layer_mask(ma: ModelAttention, layer: int) -> np.ndarray:
+    """(L, S) bool: what `layer` allowed (its own mask when the capture has one per layer)."""
+    masks = getattr(ma, "layer_masks", None)
+    return np.asarray(ma.mask if masks is None else masks[layer], dtype=bool)
+
+
 def _legend(fig, Patch, mask):
     if np.asarray(mask, dtype=bool).all():
         return  # nothing masked: no key for it
@@ -93,12 +100,12 @@ def figure_head(ma: ModelAttention, layer: int, head: int):
         fig = Figure(figsize=size, layout="constrained")
         ax = fig.add_subplot()
         im = _draw(ax, np.asarray(ma.weights[layer, head], dtype=float),
-                   np.asarray(ma.mask, dtype=bool), ma.tokens, fs)
+                   _layer_mask(ma, layer), ma.tokens, fs)
         ax.set_xlabel("key (borrowed from)", fontsize=9)
         ax.set_ylabel("query (borrows)", fontsize=9)
         ax.set_title(f"{ma.model_name}: layer {layer}, head {head}", fontsize=10)
         fig.colorbar(im, ax=ax, shrink=min(1.0, 4.0 / size[1] + 0.3), label="weight")
-        _legend(fig, Patch, ma.mask)
+        _legend(fig, Patch, _layer_mask(ma, layer))
     return fig
 
 
@@ -124,7 +131,7 @@ def figure_layer(ma: ModelAttention, layer: int):
                 ax.set_axis_off()
                 continue
             im = _draw(ax, np.asarray(ma.weights[layer, h], dtype=float),
-                       np.asarray(ma.mask, dtype=bool), ma.tokens, fs, every)
+                       _layer_mask(ma, layer), ma.tokens, fs, every)
             if h % cols:
                 ax.set_yticklabels([])
             if h + cols < H:
@@ -133,7 +140,7 @@ def figure_layer(ma: ModelAttention, layer: int):
         fig.suptitle(f"{ma.model_name}: layer {layer}, all {H} heads (rows: query, columns: key)",
                      fontsize=11)
         fig.colorbar(im, ax=axes, shrink=0.6, label="weight")
-        _legend(fig, Patch, ma.mask)
+        _legend(fig, Patch, _layer_mask(ma, layer))
     return fig
 
 
@@ -147,7 +154,8 @@ def figure_model(ma: ModelAttention):
     mpl, Figure, _Patch, _ = _mpl()
     gap = max(1, round(0.12 * max(L, S)))
     rgba = mpl.colormaps["Blues"](np.clip(np.asarray(ma.weights, dtype=float), 0, 1))
-    rgba[:, :, ~np.asarray(ma.mask, dtype=bool)] = mpl.colors.to_rgba(MASKED)
+    for layer in range(n_layers):  # (layers, H, L, S, 4): grey where that layer masks
+        rgba[layer][:, ~_layer_mask(ma, layer)] = mpl.colors.to_rgba(MASKED)
     mosaic = np.ones((n_layers * (L + gap) - gap, H * (S + gap) - gap, 4))  # white gaps
     for layer in range(n_layers):
         for h in range(H):
