@@ -70,8 +70,34 @@ def nan_on_one_rank_stops_all(rank: int, world: int, out: str, cp: int) -> dict:
     return {"step": t.step, "error": None}
 
 
+def a_stop_on_one_rank_stops_every_rank(rank: int, world: int, out: str, cp: int) -> dict:
+    """Ctrl-C reaches rank `world - 1` alone during step 4 (the launcher forwards it at its own
+    moment): every rank must finish step 4, rank 0 save it, and all raise KeyboardInterrupt."""
+    import os
+
+    from attnlab.models import Trainer
+    from attnlab.models.parallel import setup
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    par = setup(None, cp, timeout_s=30)
+    t = Trainer.start("tiny", out=out, parallel=par, max_steps=50, eval_interval=2, batch_size=2,
+                      eval_batches=1, model_overrides={"n_layer": 1, "n_embd": 16, "n_head": 2,
+                                                       "block_size": 16})
+    if rank == world - 1:
+        t.model.lm_head.register_forward_hook(
+            lambda m, i, o: (t.request_stop(), o)[1] if t.step == 3 else o)
+    try:
+        t.run()
+    except KeyboardInterrupt:
+        return {"step": t.step, "stopped": True}
+    return {"step": t.step, "stopped": False}
+
+
 def all_cases(rank: int, world: int, root: str) -> dict:
     """Every case above in one spawned group (spawning and importing cost seconds per process)."""
     return {"exact": loss_and_grads_match(rank, world, 29),
             **{f"nan_cp{cp}": nan_on_one_rank_stops_all(rank, world, f"{root}/cp{cp}", cp)
+               for cp in (1, 2)},
+            **{f"stop_cp{cp}": a_stop_on_one_rank_stops_every_rank(rank, world,
+                                                                  f"{root}/stop{cp}", cp)
                for cp in (1, 2)}}

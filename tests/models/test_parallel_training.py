@@ -1,6 +1,7 @@
 """Training across processes: the context-parallel GPT equals the one-process GPT; `attnlab train
---nproc 2` with --dp 2 and --cp 2 gives the one-process loss curve and weights, checkpoints resume
-under another layout and in one process, and a killed worker stops the run with a clear message."""
+--nproc 2` with --dp 2 and --cp 2 gives the one-process loss curve and weights; Ctrl-C saves a step
+every rank agrees on, and the checkpoint resumes under another layout and in one process on the
+same curve; a killed worker stops the run with a clear message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -22,7 +24,7 @@ from attnlab.distributed import ContextParallel
 from attnlab.models import GPT, GPTConfig, Trainer, load_checkpoint
 from attnlab.models.launch import describe_failures
 
-STEPS, HALF, BATCH, EVERY = 12, 6, 8, 3
+STEPS, BATCH, EVERY = 20, 8, 10
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,14 @@ def test_a_nan_on_one_rank_stops_every_rank_at_that_step(group, cp):
         assert r["error"].startswith("the training loss is nan at step 4"), r["error"]
         assert f"{out} keeps its checkpoint of step 2" in r["error"]
     assert json.loads((out / "attnlab.json").read_text())["state"]["step"] == 2
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(group, cp):
+    root, results = group
+    assert [r[f"stop_cp{cp}"] for r in results] == [{"step": 4, "stopped": True}] * 2, results
+    doc = json.loads((root / f"stop{cp}" / "attnlab.json").read_text())
+    assert doc["state"]["step"] == 4 and len(doc["state"]["history"]) == 4
 
 
 def test_a_handle_of_one_process_changes_nothing():
@@ -129,37 +139,76 @@ def _assert_same_run(a: list[float], b: list[float], model_a, model_b, what: str
 
 
 @pytest.mark.slow
-def test_dp2_then_cp2_then_one_process_follow_the_one_process_curve(tmp_path):
-    kw = {"max_steps": STEPS, "batch_size": BATCH, "eval_interval": EVERY}
-    torch.set_num_threads(1)
-    whole = Trainer.start("tiny", **kw)
-    whole.run()
+def test_20_fresh_steps_with_dp2_with_cp2_and_in_one_process_agree(tmp_path, capsys):
+    common = ["train", "--preset", "tiny", "--max-steps", str(STEPS), "--batch-size",
+              str(BATCH), "--eval-interval", str(EVERY), "--quiet", "--threads", "1"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    one = load_checkpoint(tmp_path / "one")[0]
+    ref = _curve(tmp_path / "one")
+    assert len(ref) == STEPS and ref[-1] < ref[0] - 0.5  # it learns: the curves can differ
+    for layout in (["--dp", "2"], ["--cp", "2"]):
+        out = tmp_path / layout[0].strip("-")
+        _attnlab(*common, "--out", str(out), "--nproc", "2", *layout)
+        _assert_same_run(_curve(out), ref, load_checkpoint(out)[0], one, " ".join(layout))
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_step_every_rank_agrees_on_and_resume_continues_the_curve(tmp_path):
+    """SIGINT to the launcher's process group, as Ctrl-C sends it; the (2, 1) checkpoint then
+    continues as (1, 2) and in one process on the one-process curve."""
+    out = tmp_path / "run"
+    # warm-up covers every step this test can reach, so a shorter --max-steps on resume keeps
+    # the same learning rates; --lr and --warmup-steps travel to the workers and the checkpoint;
+    # no periodic checkpoint: the one there is after Ctrl-C is the one Ctrl-C saved
+    sched = {"lr": 2e-3, "warmup_steps": 200, "batch_size": BATCH, "eval_interval": 1000}
+    cmd = [sys.executable, "-m", "attnlab", "train", "--nproc", "2", "--dp", "2", "--max-steps",
+           "200", "--lr", "2e-3", "--warmup-steps", "200", "--batch-size", str(BATCH),
+           "--eval-interval", "1000", "--out", str(out), "--quiet", "--timeout", "60"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own group, like a shell's job
+    lines, training = [], threading.Event()
+
+    def read_stderr():
+        for line in launcher.stderr:
+            lines.append(line)
+            if "steps 0 -> 200" in line:  # rank 0's header: training starts now
+                training.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert training.wait(180), "".join(lines)[-3000:]
+        time.sleep(0.5)
+        os.killpg(launcher.pid, signal.SIGINT)
+        launcher.wait(timeout=90)
+        reader.join(10)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    err = "".join(lines)
+    assert launcher.returncode == 130, err[-3000:]
+    doc = json.loads((out / "attnlab.json").read_text())
+    step = doc["state"]["step"]
+    assert 0 < step < 200 and len(doc["state"]["history"]) == step, err[-3000:]
+    assert (doc["train"]["lr"], doc["train"]["warmup_steps"]) == (2e-3, 200)
+    said = [line for line in err.splitlines() if "interrupted" in line]
+    assert said == [f"attnlab train: interrupted; {out} keeps the checkpoint of step {step}; "
+                    f"continue with: attnlab train --out {out} --resume --nproc 2"], err[-3000:]
+
+    end = step + 3
+    whole = Trainer.start("tiny", max_steps=200, min_lr=2e-4, **sched)
+    whole.run(stop_after=end)
     ref = [h["loss"] for h in whole.history]
-
-    run = tmp_path / "run"
-    common = ["train", "--preset", "tiny", "--batch-size", str(BATCH), "--eval-interval",
-              str(EVERY), "--out", str(run), "--quiet"]
-    _attnlab(*common, "--max-steps", str(HALF), "--nproc", "2", "--dp", "2")
-    _assert_same_run(_curve(run), ref[:HALF], load_checkpoint(run)[0],
-                     _model_at(HALF, kw), "--dp 2")
     copy = tmp_path / "copy"
-    shutil.copytree(run, copy)
-
-    # a (2, 1) checkpoint resumed as (1, 2) ...
-    _attnlab(*common, "--max-steps", str(STEPS), "--nproc", "2", "--cp", "2", "--resume")
-    _assert_same_run(_curve(run), ref, load_checkpoint(run)[0], whole.model,
-                     "--dp 2 resumed with --cp 2")
-    # ... and in one process
-    one = Trainer.resume(copy, max_steps=STEPS)
+    shutil.copytree(out, copy)
+    _attnlab("train", "--out", str(out), "--resume", "--max-steps", str(end), "--nproc", "2",
+             "--cp", "2", "--quiet")
+    _assert_same_run(_curve(out), ref, load_checkpoint(out)[0], whole.model,
+                     "--dp 2 stopped by Ctrl-C, resumed with --cp 2")
+    one = Trainer.resume(copy, max_steps=end)
     one.run()
     _assert_same_run([h["loss"] for h in one.history], ref, one.model, whole.model,
-                     "--dp 2 resumed in one process")
-
-
-def _model_at(step: int, kw: dict):
-    t = Trainer.start("tiny", **kw)
-    t.run(stop_after=step)
-    return t.model
+                     "--dp 2 stopped by Ctrl-C, resumed in one process")
 
 
 @pytest.mark.slow

@@ -24,6 +24,16 @@ def add_parser(sub):
                    help="sequences per step, all processes together (default: the preset's)")
     p.add_argument("--eval-interval", type=int, default=None, metavar="N",
                    help="validate and save every N steps (default: the preset's)")
+    p.add_argument("--lr", type=float, default=None, metavar="LR",
+                   help="peak learning rate after warm-up (default: the preset's; with --resume, "
+                   "the run's); the floor --min-lr moves with it unless given")
+    p.add_argument("--min-lr", type=float, default=None, metavar="LR",
+                   help="learning rate at the end of the cosine decay (at most --lr)")
+    p.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                   help="steps of linear warm-up from 0 to --lr (0: none)")
+    p.add_argument("--dropout", type=float, default=None, metavar="P",
+                   help="dropout probability of the model, 0 <= P < 1 (default: the preset's; "
+                   "--cp needs 0, e.g. --preset small --cp 2 --dropout 0)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads (default: torch's choice in one process, 1 per "
                    "process with --nproc; on a busy machine 1 can be much faster)")
@@ -57,6 +67,7 @@ def run(args) -> int:
                     ("--nproc", args.nproc), ("--dp", args.dp), ("--cp", args.cp)):
         if v is not None and v < 1:
             raise AttnlabError(f"{flag}: expected a positive number, got {v}")
+    _check_schedule(args)
     out = Path(args.out or Path("runs") / args.preset)
     if launched():
         return _worker(args, out)
@@ -65,6 +76,7 @@ def run(args) -> int:
         raise AttnlabError("--track-heads: one process only; leave out --nproc/--dp/--cp")
     if nproc > 1:
         _check_out(args, out)
+        _check_cp_dropout(args)
         return _launch(args, out, nproc)
     if args.cp > 1:
         raise AttnlabError(f"--cp: {args.cp} context-parallel ranks need --nproc {args.cp} or more")
@@ -88,6 +100,39 @@ def run(args) -> int:
         return 130
     _summary(trainer, out, _peak_mib())
     return 0
+
+
+def _check_schedule(args) -> None:
+    import math
+
+    from attnlab.errors import AttnlabError
+
+    for flag, v in (("--lr", args.lr), ("--min-lr", args.min_lr)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise AttnlabError(f"{flag}: expected a finite number > 0, got {v}")
+    if args.lr is not None and args.min_lr is not None and args.min_lr > args.lr:
+        raise AttnlabError(f"--min-lr: expected at most --lr {args.lr:g}, got {args.min_lr:g}")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        raise AttnlabError(f"--warmup-steps: expected 0 or more, got {args.warmup_steps}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise AttnlabError(f"--dropout: expected a probability in [0, 1), got {args.dropout}")
+
+
+def _check_cp_dropout(args) -> None:
+    """A fresh --cp run of a preset with dropout is refused before any process starts (the
+    workers refuse a resumed one: its dropout is in the checkpoint)."""
+    from attnlab.errors import AttnlabError
+    from attnlab.models import PRESETS
+
+    if args.cp == 1 or args.resume:
+        return
+    dropout = args.dropout
+    if dropout is None:
+        dropout = PRESETS[args.preset]["model"].get("dropout", 0.0)
+    if dropout > 0:
+        raise AttnlabError(f"--cp: context-parallel attention has no dropout, and preset "
+                           f"{args.preset!r} has dropout {dropout:g}; add --dropout 0 to train "
+                           "it without, or use --dp alone")
 
 
 def _nproc(args) -> int:
@@ -124,13 +169,23 @@ def _trainer(args, out: Path, parallel):
 
     if parallel is None or parallel.is_main:
         _check_out(args, out)
+    from attnlab.models.config import TrainConfig
+    from attnlab.models.trainer import with_schedule
+
     progress = not args.quiet
+    schedule = {"lr": args.lr, "min_lr": args.min_lr, "warmup_steps": args.warmup_steps}
     if args.resume:
-        return Trainer.resume(out, progress=progress, max_steps=args.max_steps, parallel=parallel)
+        return Trainer.resume(out, progress=progress, max_steps=args.max_steps, parallel=parallel,
+                              dropout=args.dropout, **schedule)
     overrides = {k: v for k, v in (("max_steps", args.max_steps), ("seed", args.seed),
                                    ("batch_size", args.batch_size),
                                    ("eval_interval", args.eval_interval)) if v is not None}
-    return Trainer.start(args.preset, out=out, progress=progress, parallel=parallel, **overrides)
+    if any(v is not None for v in schedule.values()):
+        tcfg = with_schedule(TrainConfig.from_name(args.preset), **schedule)
+        overrides.update(lr=tcfg.lr, min_lr=tcfg.min_lr, warmup_steps=tcfg.warmup_steps)
+    model = {} if args.dropout is None else {"dropout": args.dropout}
+    return Trainer.start(args.preset, out=out, progress=progress, parallel=parallel,
+                         model_overrides=model, **overrides)
 
 
 def _header(trainer, out: Path, parallel=None) -> None:
@@ -168,23 +223,26 @@ def _worker_args(args, out: Path, nproc: int) -> list[str]:
             "--dp", str(nproc // args.cp), "--cp", str(args.cp), "--timeout", str(args.timeout),
             "--threads", str(args.threads or 1)]
     for flag, v in (("--max-steps", args.max_steps), ("--seed", args.seed),
-                    ("--batch-size", args.batch_size), ("--eval-interval", args.eval_interval)):
+                    ("--batch-size", args.batch_size), ("--eval-interval", args.eval_interval),
+                    ("--lr", args.lr), ("--min-lr", args.min_lr),
+                    ("--warmup-steps", args.warmup_steps), ("--dropout", args.dropout)):
         if v is not None:
-            argv += [flag, str(v)]
+            argv += [flag, repr(v)]
     return argv + ["--resume"] * args.resume + ["--quiet"] * args.quiet
 
 
 def _launch(args, out: Path, nproc: int) -> int:
     from attnlab.errors import AttnlabError
-    from attnlab.models.launch import launch
+    from attnlab.models.launch import INTERRUPTED, launch
 
-    try:
-        launch(_worker_args(args, out, nproc), nproc, threads=args.threads or 1)
+    try:  # after Ctrl-C the workers finish the step and save: give them --timeout for it
+        launch(_worker_args(args, out, nproc), nproc, threads=args.threads or 1,
+               grace_s=args.timeout)
     except AttnlabError as e:
         raise AttnlabError(f"{e}. {_resume_hint(out, nproc, args.cp)}") from None
     except KeyboardInterrupt:
         print(f"attnlab train: interrupted; {_resume_hint(out, nproc, args.cp)}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     return 0
 
 
@@ -192,11 +250,16 @@ def _resume_hint(out: Path, nproc: int, cp: int) -> str:
     import json
 
     from attnlab.models.checkpoint import META_FILE
+    from attnlab.models.launch import LOCAL_LAUNCH_ENV
+    from attnlab.models.parallel import launched
 
     try:
         step = json.loads((out / META_FILE).read_text())["state"]["step"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"No checkpoint was saved to {out}"
+    if launched() and LOCAL_LAUNCH_ENV not in os.environ:  # a worker of the user's torchrun
+        return (f"{out} keeps the checkpoint of step {step}; continue with the same torchrun "
+                f"command and: attnlab train --out {out} --resume")
     more = f" --nproc {nproc}" + (f" --cp {cp}" if cp > 1 else "")
     return (f"{out} keeps the checkpoint of step {step}; continue with: attnlab train --out "
             f"{out} --resume{more}")
@@ -232,13 +295,32 @@ def _worker(args, out: Path) -> int:
                            f"{world} processes")
     if args.nproc is not None and args.nproc != world:
         raise AttnlabError(f"--nproc: {args.nproc}, but torchrun started {world} processes")
+    import signal
+
     import torch
 
-    torch.set_num_threads(args.threads or 1)
-    par = setup(args.dp, args.cp, timeout_s=args.timeout)
+    from attnlab.models.launch import INTERRUPTED, LOCAL_LAUNCH_ENV
+
     trainer = None
+    interrupted = False
+
+    def on_ctrl_c(signum, frame):  # every rank stops after the same step; rank 0 saves it
+        nonlocal interrupted
+        interrupted = True
+        if trainer is not None:
+            trainer.request_stop()
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    torch.set_num_threads(args.threads or 1)
+    try:
+        par = setup(args.dp, args.cp, timeout_s=args.timeout)
+    except BaseException:
+        signal.signal(signal.SIGINT, previous)
+        raise
     try:
         trainer = _trainer(args, out, par)
+        if interrupted:
+            trainer.request_stop()
         if par.is_main:
             _header(trainer, out, par)
         trainer.run()
@@ -247,8 +329,11 @@ def _worker(args, out: Path) -> int:
         if par.is_main:
             _summary(trainer, out, peak)
         return 0
-    except KeyboardInterrupt:  # every rank got it: stop at once, the launcher says the rest
-        return 130
+    except KeyboardInterrupt:  # every rank stopped after the same step and rank 0 saved it
+        if par.is_main and LOCAL_LAUNCH_ENV not in os.environ:  # torchrun: no launcher of ours
+            print(f"attnlab train: interrupted; {_resume_hint(out, par.world, par.cp)}",
+                  file=sys.stderr)
+        return INTERRUPTED
     except AttnlabError as e:
         if par.is_main or not getattr(e, "every_rank", False):
             raise AttnlabError(f"rank {par.rank}: {e}") from None
@@ -263,3 +348,4 @@ def _worker(args, out: Path) -> int:
                            f"{_resume_hint(out, par.world, par.cp)}") from None
     finally:
         par.close()
+        signal.signal(signal.SIGINT, previous)

@@ -203,10 +203,13 @@ def read_checkpoint(path, *, with_trainer: bool = False) -> Checkpoint:
     return Checkpoint(p, doc, tensors["model"], tensors.get("trainer"))
 
 
-def model_from_checkpoint(ck: Checkpoint):
+def model_from_checkpoint(ck: Checkpoint, *, dropout: float | None = None):
+    """The checkpoint's GPT (`dropout` replaces the config's: it holds no weights)."""
     from attnlab.models.gpt import GPT
 
     config = checked_config(ck.path / META_FILE, "model", GPTConfig.from_dict, ck.doc["model"])
+    if dropout is not None:
+        config = GPTConfig.from_dict({**config.to_dict(), "dropout": dropout})
     layers = {k.split(".")[1] for k in ck.weights if k.startswith("blocks.")}
     if len(layers) != config.n_layer:  # before building: n_layer is a loop count
         raise AttnlabError(f"checkpoint: {ck.file('model')} holds {len(layers)} layers but "

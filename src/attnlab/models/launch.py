@@ -4,13 +4,16 @@
 Each worker is `python -m attnlab ARGS` with RANK, WORLD_SIZE, MASTER_ADDR, ... set, exactly as
 under torchrun, so one code path serves `attnlab train --nproc N` on one machine and torchrun on
 many. The launcher watches its workers; when one dies (a crash, kill -9) it stops the others and
-`launch` raises an AttnlabError naming the ranks and how each ended; on Ctrl-C (SIGINT, SIGTERM)
-the workers are stopped and `launch` raises KeyboardInterrupt.
+`launch` raises an AttnlabError naming the ranks and how each ended. On Ctrl-C (SIGINT) the
+launcher passes the SIGINT on to its workers and gives them `grace_s` seconds to finish the step,
+save and exit before it kills them (a second Ctrl-C stops them at once with SIGTERM), then raises
+KeyboardInterrupt; on SIGTERM it stops them at once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -18,8 +21,14 @@ import uuid
 
 from attnlab.errors import AttnlabError
 
+#: set in the workers' environment: `attnlab train --nproc` started them, so the launcher, not
+#: rank 0, tells the user how the run ended
+LOCAL_LAUNCH_ENV = "ATTNLAB_LOCAL_LAUNCH"
+#: a worker's exit code after Ctrl-C (the shell's 128 + SIGINT)
+INTERRUPTED = 130
 
-def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
+
+def launch(args: list[str], nproc: int, *, threads: int = 1, grace_s: float = 30.0) -> None:
     """Run `python -m attnlab *args` on `nproc` local processes; return when all succeeded."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -29,7 +38,8 @@ def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"attnlab-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # torchrun --standalone
         max_restarts=0,  # a failed rank stops the run; `--resume` continues from its checkpoint
-        monitor_interval=0.1, start_method="spawn", shutdown_timeout=10,
+        monitor_interval=0.1, start_method="spawn",
+        shutdown_timeout=max(1, math.ceil(grace_s)),  # after Ctrl-C: finish the step and save
     )
     # torchrun's default for several local workers, set here so it does not warn about it
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -37,12 +47,21 @@ def launch(args: list[str], nproc: int, *, threads: int = 1) -> None:
     # a failure comes back as the AttnlabError below
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    before = os.environ.get(LOCAL_LAUNCH_ENV)
+    os.environ[LOCAL_LAUNCH_ENV] = "1"  # the workers inherit the launcher's environment
     try:
         elastic_launch(config, sys.executable)("-m", "attnlab", *args)
     except ChildFailedError as e:
+        if all(f.exitcode == INTERRUPTED for f in e.failures.values()):
+            raise KeyboardInterrupt("every worker was interrupted") from None  # SIGINT to them
         raise AttnlabError(describe_failures(e.failures, nproc)) from None
     except SignalException as e:  # Ctrl-C or a termination signal: the agent stopped the workers
         raise KeyboardInterrupt(str(e)) from None
+    finally:
+        if before is None:
+            os.environ.pop(LOCAL_LAUNCH_ENV, None)
+        else:
+            os.environ[LOCAL_LAUNCH_ENV] = before
 
 
 def describe_failures(failures: dict, nproc: int) -> str:

@@ -68,9 +68,13 @@ class Parallel:
 
     def sum(self, x: float) -> float:
         """The sum over all ranks of a number (a loss share)."""
-        t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)  # (1,) fp64 from every rank -> the sum on every rank: 8 bytes
-        return float(t.item())
+        return self.sums([x])[0]
+
+    def sums(self, xs: list[float]) -> list[float]:
+        """The sums over all ranks of a few numbers, in one all-reduce."""
+        t = torch.tensor(xs, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)  # (n,) fp64 from every rank -> the sums on every rank: 8n bytes
+        return t.tolist()
 
     def max(self, x: float) -> float:
         """The largest of a number over all ranks (peak memory)."""

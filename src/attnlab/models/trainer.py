@@ -12,7 +12,9 @@ stays. An output directory that cannot be written is refused when the Trainer is
 Across processes (`parallel`, see `attnlab.models.parallel`): every rank trains on its rows of the
 same global batch, losses are summed over all ranks (so every rank sees the same loss and the
 same gradient norm, and a diverging run stops on every rank at the same step), rank 0 alone
-writes checkpoints and shows progress, and no rank goes on before the save has committed.
+writes checkpoints and shows progress, and no rank goes on before the save has committed. A stop
+request (`request_stop`, Ctrl-C) travels with the step's loss: every rank learns of it in the same
+step, so all stop after that step and the checkpoint they save is one they agree on.
 Checkpoints are the one-process format: they load in one process and resume under any (D, C).
 """
 
@@ -44,6 +46,7 @@ from attnlab.models.config import GPTConfig, TrainConfig
 from attnlab.models.corpus import load_corpus
 from attnlab.models.gpt import GPT
 from attnlab.models.optimizer_state import load_trainer_tensors, trainer_tensors
+from attnlab.models.repeats import quote_spans
 from attnlab.models.tokenizer import CharTokenizer
 
 if TYPE_CHECKING:
@@ -57,6 +60,28 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     span = max(1, cfg.max_steps - cfg.warmup_steps)
     t = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * t)) * (cfg.lr - cfg.min_lr)
+
+
+def with_schedule(cfg: TrainConfig, *, lr: float | None = None, min_lr: float | None = None,
+                  warmup_steps: int | None = None) -> TrainConfig:
+    """`cfg` with a new peak learning rate, floor and warm-up. A new `lr` without `min_lr` moves
+    the floor with it (the same min_lr / lr ratio), so the schedule keeps its shape."""
+    for name, v in (("lr", lr), ("min_lr", min_lr)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v) or v <= 0):
+            raise AttnlabError(f"{name}: expected a finite number > 0, got {v!r}")
+    if warmup_steps is not None and (isinstance(warmup_steps, bool)
+                                     or not isinstance(warmup_steps, int) or warmup_steps < 0):
+        raise AttnlabError(f"warmup_steps: expected an integer >= 0, got {warmup_steps!r}")
+    new_lr = cfg.lr if lr is None else float(lr)
+    if min_lr is None:
+        min_lr = cfg.min_lr if lr is None else cfg.min_lr * new_lr / cfg.lr
+    if min_lr > new_lr:
+        raise AttnlabError(f"min_lr: expected at most lr = {new_lr:g} (the schedule decays from "
+                           f"lr to min_lr), got {min_lr:g}")
+    warm = cfg.warmup_steps if warmup_steps is None else warmup_steps
+    return TrainConfig.from_dict({**cfg.to_dict(), "lr": new_lr, "min_lr": float(min_lr),
+                                  "warmup_steps": warm})
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -85,7 +110,8 @@ class Trainer:
         self.history: list[dict] = []  # per step: {"step", "loss", "lr"}
         self.val_history: list[dict] = []  # per validation: {"step", "val_loss"}
         self.tokens_seen, self.elapsed_s = 0, 0.0
-        self._stop_requested = False
+        self._stop_requested = False  # this process was asked to stop (Ctrl-C)
+        self._stop_agreed = False  # every rank knows: stop after this step
         self._saved_step: int | None = None  # step of the checkpoint in `out`, once there is one
 
     def _distribute(self, par: Parallel) -> None:
@@ -93,8 +119,9 @@ class Trainer:
             raise AttnlabError(f"batch_size: the global batch of {self.config.batch_size} rows "
                                f"does not split over --dp {par.dp} replicas")
         if par.cp > 1 and self.model.config.dropout > 0:
-            raise AttnlabError(f"--cp: context parallelism needs dropout 0; the model has "
-                               f"dropout {self.model.config.dropout}")
+            raise AttnlabError(f"--cp: context-parallel attention has no dropout, and this model "
+                               f"has dropout {self.model.config.dropout:g}; train it with "
+                               "--dropout 0, or with --dp alone")
         self.model.to(par.device).set_context_parallel(par.handle)
         self.forward = par.wrap(self.model)
 
@@ -113,8 +140,12 @@ class Trainer:
 
     @classmethod
     def resume(cls, out, *, progress: bool = False, max_steps: int | None = None,
-               parallel: Parallel | None = None) -> Trainer:
-        """Continue the run checkpointed in `out`; `max_steps` moves its end and the schedule's."""
+               parallel: Parallel | None = None, lr: float | None = None,
+               min_lr: float | None = None, warmup_steps: int | None = None,
+               dropout: float | None = None) -> Trainer:
+        """Continue the run checkpointed in `out`; `max_steps` moves its end and the schedule's;
+        `lr`, `min_lr`, `warmup_steps` change the schedule from here on (see `with_schedule`),
+        `dropout` the model's dropout; the next checkpoint records them."""
         ck = read_checkpoint(out, with_trainer=True)
         meta = ck.path / META_FILE
         if ck.doc.get("train") is None:
@@ -122,7 +153,8 @@ class Trainer:
         tcfg = checked_config(meta, "train", TrainConfig.from_dict, ck.doc["train"])
         if max_steps is not None:
             tcfg = TrainConfig.from_dict({**tcfg.to_dict(), "max_steps": max_steps})
-        model = model_from_checkpoint(ck)
+        tcfg = with_schedule(tcfg, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps)
+        model = model_from_checkpoint(ck, dropout=dropout)
         tok = tokenizer_from_checkpoint(ck, model.config.vocab_size)
         state = _resume_state(meta, ck.doc["state"])
         data = TokenData.split(tok.encode(load_corpus(tcfg.corpus)), tcfg.val_fraction,
@@ -142,10 +174,12 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x, y = self._rows(batch(self.data.train, cfg.batch_size, model.config.block_size,
-                                cfg.seed, self.step))
+        xy = batch(self.data.train, cfg.batch_size, model.config.block_size, cfg.seed, self.step)
+        if cfg.repeat_prob > 0:
+            xy = quote_spans(*xy, prob=cfg.repeat_prob, seed=cfg.seed, index=self.step)
+        x, y = self._rows(xy)
         _, loss = self.forward(x, y)
-        value = self._global_loss(loss)
+        value = self._global_loss(loss, with_stop=True)
         if not math.isfinite(value):
             raise self._diverged(f"the training loss is {value}", self.step + 1, lr)
         self.optimizer.zero_grad(set_to_none=True)
@@ -181,25 +215,34 @@ class Trainer:
         rows = self.parallel.rows(self.config.batch_size)
         return tuple(t[rows].to(self.parallel.device) for t in xy)
 
-    def _global_loss(self, loss: torch.Tensor) -> float:
+    def _global_loss(self, loss: torch.Tensor, with_stop: bool = False) -> float:
         """The global batch's mean loss: this process's, or the sum of every rank's share over
-        the D replicas (the same number on every rank)."""
+        the D replicas (the same number on every rank). `with_stop`: the same all-reduce tells
+        every rank whether any was asked to stop."""
         if self.parallel is None:
             return loss.item()
-        return self.parallel.sum(loss.item()) / self.parallel.dp
+        if not with_stop:
+            return self.parallel.sum(loss.item()) / self.parallel.dp
+        total, stops = self.parallel.sums([loss.item(), float(self._stop_requested)])
+        self._stop_agreed = self._stop_agreed or stops > 0
+        return total / self.parallel.dp
+
+    def request_stop(self) -> None:
+        """Stop after the step in progress (every rank: after the same step), save, and raise
+        KeyboardInterrupt from `run`. Safe to call from a signal handler."""
+        self._stop_requested = True
 
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self, stop_after: int | None = None, *, handle_interrupt: bool = False) -> list[dict]:
         """Train to config.max_steps (or `stop_after` steps from now), validating and saving every
         eval_interval steps and at the end. With handle_interrupt, Ctrl-C finishes the current
-        step, saves, and then raises KeyboardInterrupt."""
+        step, saves, and then raises KeyboardInterrupt (as `request_stop` does; across processes
+        every rank stops after the same step and rank 0 saves)."""
         cfg = self.config
         end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
         bar = self._bar(end)
         rate = 0.0
-        # across processes Ctrl-C reaches every rank at its own moment: no save, stop at once
-        handle_interrupt = handle_interrupt and self.parallel is None
         with self._interrupts(handle_interrupt), contextlib.closing(bar or _NoBar()):
             while self.step < end:
                 t0 = time.perf_counter()
@@ -218,8 +261,10 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(self._postfix(loss, rate), refresh=False)
-                if self._stop_requested:
-                    self.save()
+                if self._stop_agreed if self.parallel is not None else self._stop_requested:
+                    self._stop_requested = self._stop_agreed = False
+                    if self._saved_step != self.step:
+                        self.save()
                     raise KeyboardInterrupt
         if stop_after is not None:
             self.save()
@@ -277,10 +322,7 @@ class Trainer:
             yield
             return
 
-        def request_stop(signum, frame):
-            self._stop_requested = True
-
-        previous = signal.signal(signal.SIGINT, request_stop)
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: self.request_stop())
         try:
             yield
         finally:
