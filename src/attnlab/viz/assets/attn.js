@@ -134,7 +134,8 @@
     var r0 = state.rows[0], r1 = state.rows[1], c0 = state.cols[0], c1 = state.cols[1];
     var colW = 16 + 8 * Math.max(longestOf(d.qTok.slice(r0, r1)), longestOf(d.kTok.slice(c0, c1)));
     var pctW = 58, gap = 240, xL = pctW + colW, xR = xL + gap;
-    var width = xR + colW + pctW, height = top + rowH * Math.max(r1 - r0, c1 - c0) + 10;
+    var width = Math.max(560, xR + colW + pctW);  // the caption fits
+    var height = top + rowH * Math.max(r1 - r0, c1 - c0) + 10;
     var svg = newDrawing(width, height);
     svg.setAttribute("data-matrix", state.matrix || "head");
     svg.appendChild(label(10, 20, state.matrix === "rollout" ?
@@ -499,6 +500,7 @@
     fill($("stat"), stats.length, function (n) { return stats[n]; });
     $("stat").querySelectorAll("option").forEach(function (o, n) { o.value = stats[n]; });
     if (stats.length && stats.indexOf(state.stat) < 0) state.stat = stats[0];
+    $("stat").parentNode.hidden = !stats.length;  // a cross-attention has no head statistics
     $("title").textContent = d.text == null ? d.qTok.join(" ") : d.text;
     $("meta").textContent = d.model + " \u00b7 " + d.n_layers + " layers \u00d7 " + d.n_heads +
       " heads \u00b7 " + d.L + " tokens" + (d.key_tokens ? " \u2192 " + d.S + " tokens" : "") +
