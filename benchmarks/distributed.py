@@ -9,7 +9,8 @@ Each (P, strategy) runs in fresh processes, so the peak resident memory each ran
 runs one forward + backward (ru_maxrss after the inputs exist, minus before) is comparable with
 the single-process row. "wait %" is the time ranks spent blocked in communication calls (for the
 ring: what compute did not hide). "plan MiB" is `attnlab.distributed.plan`'s prediction for the
-same call; "sent MiB" what the counting wrapper logged.
+same call; "sent MiB" and "msgs" what the counting wrapper logged (forward + backward, the
+busiest rank).
 
 Caution: P ranks share this machine's cores; with P above the core count they time-slice, and
 the time column says nothing about a real cluster (`attnlab plan-cp` does that on paper).
@@ -18,19 +19,16 @@ the time column says nothing about a real cluster (`attnlab plan-cp` does that o
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import pickle
 import resource
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.multiprocessing as mp
+
+from attnlab.distributed import spawn
 
 
 @dataclass(frozen=True)
@@ -72,16 +70,15 @@ def _timed(step, repeats: int):
     return statistics.median(times[1:] or times), peak
 
 
-def _rank_main(rank, world, port, out_dir, cfg: Config, strategy: str):
-    torch.set_num_threads(1)
+def _rank_main(rank, world, cfg: Config, strategy: str) -> dict:
+    """One rank's measurements (run by `attnlab.distributed.spawn` in a fresh process)."""
     from attnlab.cli.plan_cp import parse_mask
 
     mask, is_causal = parse_mask(cfg.mask, cfg.L)
-    q, k, v = _inputs(cfg)
     if strategy == "single":
         import attnlab
 
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        q, k, v = (x.requires_grad_() for x in _inputs(cfg))
 
         def step():
             out = attnlab.attention(q, k, v, mask=mask, is_causal=is_causal,
@@ -89,63 +86,35 @@ def _rank_main(rank, world, port, out_dir, cfg: Config, strategy: str):
             out.sum().backward()
 
         ms, peak = _timed(step, cfg.repeats)
-        res = {"s": ms, "peak": peak, "sent": 0, "plan": 0, "wait": 0.0}
-    else:
-        import torch.distributed as dist
+        return {"s": ms, "peak": peak, "sent": 0, "plan": 0, "wait": 0.0, "msgs": 0}
+    import attnlab.distributed as cp
 
-        import attnlab.distributed as cp
+    # the whole tensors are dropped once sharded
+    ql, kl, vl = [cp.shard(x, cfg.layout).requires_grad_() for x in _inputs(cfg)]
+    logs = []
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=600))
-        ql, kl, vl = (cp.shard(x, cfg.layout).requires_grad_() for x in (q, k, v))
-        del q, k, v
-        logs = []
+    def step():
+        with cp.record() as log:
+            out = cp.context_parallel_attention(
+                ql, kl, vl, layout=cfg.layout, strategy=strategy, mask=mask,
+                is_causal=is_causal, enable_gqa=cfg.Hkv != cfg.H)
+            out.sum().backward()
+        logs.append(log)
 
-        def step():
-            with cp.record() as log:
-                out = cp.context_parallel_attention(
-                    ql, kl, vl, layout=cfg.layout, strategy=strategy, mask=mask,
-                    is_causal=is_causal, enable_gqa=cfg.Hkv != cfg.H)
-                out.sum().backward()
-            logs.append(log)
-
-        s, peak = _timed(step, cfg.repeats)
-        log = logs[-1]
-        est = cp.plan(cfg.L, cfg.H, cfg.Hkv, cfg.D, world, mask=mask, is_causal=is_causal,
-                      layout=cfg.layout, dtype=ql.dtype)[strategy]
-        sent = log.total("forward") + log.total("backward")
-        wait = log.seconds("forward") + log.seconds("backward")
-        res = {"s": s, "peak": peak, "sent": sent, "wait": wait / max(s, 1e-9),
-               "plan": est.fwd_sent[rank] + est.bwd_sent[rank]}
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
-        pickle.dump(res, f)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    s, peak = _timed(step, cfg.repeats)
+    log = logs[-1]
+    est = cp.plan(cfg.L, cfg.H, cfg.Hkv, cfg.D, world, mask=mask, is_causal=is_causal,
+                  layout=cfg.layout, dtype=ql.dtype)[strategy]
+    sent = log.total("forward") + log.total("backward")
+    wait = log.seconds("forward") + log.seconds("backward")
+    msgs = log.messages("forward") + log.messages("backward")
+    return {"s": s, "peak": peak, "sent": sent, "wait": wait / max(s, 1e-9), "msgs": msgs,
+            "plan": est.fwd_sent[rank] + est.bwd_sent[rank]}
 
 
 def run(cfg: Config, world: int, strategy: str, timeout_s: float = 1800) -> list[dict]:
-    with tempfile.TemporaryDirectory() as d:
-        ctx = mp.start_processes(_rank_main, args=(world, _free_port(), d, cfg, strategy),
-                                 nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{strategy} on {world} ranks took over {timeout_s} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-        out = []
-        for r in range(world):
-            with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
-        return out
+    """Every rank's measurements of one (P, strategy), in fresh processes."""
+    return spawn(_rank_main, world, cfg, strategy, timeout_s=timeout_s, group_timeout_s=600)
 
 
 def main(argv=None) -> int:
@@ -168,10 +137,10 @@ def main(argv=None) -> int:
           f"{torch.__version__}, {os.cpu_count()} CPUs, 1 thread per rank, gloo on loopback; "
           f"median of {cfg.repeats}\n")
     (single,) = run(cfg, 1, "single")
-    print("| P | strategy | ms | × single | sent MiB/rank | plan MiB/rank | wait % | "
+    print("| P | strategy | ms | × single | sent MiB/rank | plan MiB/rank | msgs/rank | wait % | "
           "peak MiB/rank | peak / single |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| 1 | attnlab.attention | {single['s'] * 1e3:,.0f} | 1.00 | 0 | 0 | 0 | "
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| 1 | attnlab.attention | {single['s'] * 1e3:,.0f} | 1.00 | 0 | 0 | 0 | 0 | "
           f"{single['peak']:,.0f} | 1.00 |")
     mib = 2**20
     for P in a.world:
@@ -179,13 +148,15 @@ def main(argv=None) -> int:
             try:
                 rows = run(cfg, P, strategy)
             except Exception as e:
-                print(f"| {P} | {strategy} | — | — | — | — | — | — | {type(e).__name__} |")
+                print(f"| {P} | {strategy} | — | — | — | — | — | — | — | "
+                      f"{type(e).__name__}: {str(e).splitlines()[0]} |")
                 continue
             s = max(r["s"] for r in rows)
             peak = max(r["peak"] for r in rows)
             print(f"| {P} | {strategy} | {s * 1e3:,.0f} | {single['s'] / s:.2f} | "
                   f"{max(r['sent'] for r in rows) / mib:,.2f} | "
                   f"{max(r['plan'] for r in rows) / mib:,.2f} | "
+                  f"{max(r['msgs'] for r in rows)} | "
                   f"{100 * max(r['wait'] for r in rows):.0f} | {peak:,.0f} | "
                   f"{peak / max(single['peak'], 1e-9):.2f} |")
     return 0

@@ -11,6 +11,8 @@ Strategies: "ring" (each rank's keys go straight to the ranks that need them, on
 at a time, overlapped with compute), "allgather" (fetch once), "ulysses" (all-to-all to head
 shards). Masks are global; empty (query, key) pairs are never computed, unneeded keys never sent.
 
+`spawn(fn, P, ...)` runs fn on P local gloo processes (tests, benchmarks, trying it out).
+
 Caution: every rank must make the same call (checked: a mismatch is an AttnlabError on every
 rank) and, when gradients are needed, run the backward. Per-head masks do not go with "ulysses".
 """
@@ -25,6 +27,7 @@ from attnlab.distributed.api import (
 from attnlab.distributed.comm import CommLog, record
 from attnlab.distributed.cost import Estimate, Plan, StrategyChoice, explain, plan
 from attnlab.distributed.layouts import LAYOUTS, positions
+from attnlab.distributed.spawn import SpawnError, spawn
 
 __all__ = [
     "LAYOUTS",
@@ -32,6 +35,7 @@ __all__ = [
     "ContextParallel",
     "Estimate",
     "Plan",
+    "SpawnError",
     "StrategyChoice",
     "context_parallel_attention",
     "explain",
@@ -40,5 +44,6 @@ __all__ = [
     "positions",
     "record",
     "shard",
+    "spawn",
     "unshard",
 ]

@@ -1,0 +1,44 @@
+"""attnlab.distributed.spawn: results in rank order; the first rank that fails, dies or runs out
+of time is a SpawnError naming it, and the caller never waits for a stuck group. (The spawned
+group of tests/distributed/conftest.py runs through it too.)"""
+
+import pytest
+
+from attnlab.distributed import SpawnError, spawn
+from attnlab.errors import AttnlabError
+from distributed import workers
+
+
+def test_results_in_rank_order_through_the_group():
+    assert spawn(workers.ranks, 2, "x", timeout_s=120) == [(0, 2, "x", [0.0, 1.0]),
+                                                            (1, 2, "x", [0.0, 1.0])]
+
+
+def test_first_failing_rank_is_the_error_while_the_others_wait():
+    """Rank 0 sits in a collective for rank 1 until a group timeout of 300 s; spawn does not wait
+    for that (nor for its own 120 s): rank 1's exception is the error, with its traceback."""
+    with pytest.raises(SpawnError, match="rank 1 of 2 failed: ValueError: rank 1 gives up") as e:
+        spawn(workers.one_raises, 2, timeout_s=120, group_timeout_s=300)
+    assert e.value.rank == 1 and "Traceback" in str(e.value) and "one_raises" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_is_named():
+    with pytest.raises(SpawnError, match="rank 1 of 2 exited with code 3") as e:
+        spawn(workers.one_exits, 2, timeout_s=120)
+    assert e.value.rank == 1
+
+
+@pytest.mark.slow
+def test_a_stuck_group_is_stopped_at_the_timeout():
+    with pytest.raises(SpawnError, match=r"did not finish in 2 s \(ranks \[0, 1\] still running"):
+        spawn(workers.sleeps, 2, timeout_s=2)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(world=0), "world"), (dict(timeout_s=0), "timeout_s"),
+                                      (dict(threads=True), "threads")])
+def test_bad_arguments(kw, name):
+    args = dict(world=2) | kw
+    world = args.pop("world")
+    with pytest.raises(AttnlabError, match=name):
+        spawn(workers.sleeps, world, **args)
