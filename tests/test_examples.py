@@ -13,7 +13,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # notebook -> what its HTML outputs must carry: the lesson's token headers, the pages' tokens
 WANT = {
     "01_lesson_numbers.ipynb": ["<th>cat</th>", "<th>mat</th>", "<th>because</th>"],
-    "02_explain_minilm.ipynb": ['"tokens":["[CLS]","the","cat","sat","on","the","mat","because"'],
+    "02_explain_minilm.ipynb": ['"tokens":["[CLS]","the","cat","sat","on","the","mat","because"',
+                                '"name":"Sentence A \\u2192 Sentence B","set":0,"rows":[0,9]'],
     "03_tiny_gpt_causal_heads.ipynb": ['"tokens":["F","u","l","l",', '"f","a","t","h","o","m"'],
 }
 
