@@ -52,26 +52,30 @@ def _prettify(tokens) -> list[str]:
 
 
 def _capture(attention, tokens, name: str, prettify: bool, query_tokens=None,
-             query_name: str = ""):
+             tokens_name: str = "tokens", query_name: str = ""):
     """`attention` (per-layer tensors or a ModelAttention) as a ModelAttention; with
-    `query_tokens`, a cross-attention (queries from another text than the keys)."""
+    `query_tokens`, a cross-attention (queries from another text than the keys). Errors name
+    the caller's arguments (`tokens_name`, `query_name`)."""
     from attnlab.capture import ModelAttention
 
     if isinstance(attention, ModelAttention):
         if tokens is not None and [str(t) for t in tokens] != attention.tokens:
-            raise AttnlabError(f"tokens: expected the capture's {len(attention.tokens)} tokens "
-                               f"or None, got {len(tokens)} different ones")
+            raise AttnlabError(f"{tokens_name}: expected the capture's {len(attention.tokens)} "
+                               f"tokens or None, got {len(tokens)} different ones")
         return attention
     if tokens is None:
-        raise AttnlabError(f"tokens: expected the tokens {name} attends over, got None")
+        raise AttnlabError(f"{tokens_name}: expected the tokens {name} attends over, got None")
     tidy = _prettify if prettify else (lambda ts: [str(t) for t in ts])
-    if query_tokens is None:
-        return ModelAttention.from_attentions(attention, tidy(tokens), name=name)
     try:
-        return ModelAttention.from_attentions(attention, tidy(tokens), name=name,
-                                              query_tokens=tidy(query_tokens))
-    except AttnlabError as e:  # name the caller's argument, not from_attentions'
-        raise AttnlabError(str(e).replace("query_tokens:", f"{query_name}:", 1)) from None
+        return ModelAttention.from_attentions(
+            attention, tidy(tokens), name=name,
+            query_tokens=None if query_tokens is None else tidy(query_tokens))
+    except AttnlabError as e:  # from_attentions names its own arguments
+        msg = str(e)
+        for own, caller in (("tokens:", tokens_name), ("query_tokens:", query_name)):
+            if msg.startswith(own):
+                msg = f"{caller}:{msg[len(own):]}"
+        raise AttnlabError(msg) from None
 
 
 def _positions(name: str, ids, n: int, what: str) -> list[int] | None:
@@ -135,16 +139,19 @@ def _parts(attention, tokens, prettify, encoder_attention, decoder_attention, cr
     parts = []
     if encoder_attention is not None:
         parts.append(("Encoder", _capture(encoder_attention, encoder_tokens,
-                                          "encoder_attention", prettify)))
+                                          "encoder_attention", prettify,
+                                          tokens_name="encoder_tokens")))
     if decoder_attention is not None:
         parts.append(("Decoder", _capture(decoder_attention, decoder_tokens,
-                                          "decoder_attention", prettify)))
+                                          "decoder_attention", prettify,
+                                          tokens_name="decoder_tokens")))
     if cross_attention is not None:
         if decoder_tokens is None and not hasattr(cross_attention, "query_tokens"):
             raise AttnlabError("decoder_tokens: expected the decoder's tokens (the queries of "
                                "cross_attention), got None")
         parts.append(("Cross", _capture(cross_attention, encoder_tokens, "cross_attention",
                                         prettify, query_tokens=decoder_tokens,
+                                        tokens_name="encoder_tokens",
                                         query_name="decoder_tokens")))
     return parts
 

@@ -108,6 +108,11 @@ def test_t5_encoder_decoder_and_cross_in_one_page():
     with pytest.raises(AttnlabError, match=r"^decoder_tokens: expected 3"):
         viz.head_view(cross_attention=out.cross_attentions, encoder_tokens=enc,
                       decoder_tokens=dec[:2], html_action="return")
+    with pytest.raises(AttnlabError, match=r"^encoder_tokens: expected 5"):
+        viz.head_view(cross_attention=out.cross_attentions, encoder_tokens=enc[:4],
+                      decoder_tokens=dec, html_action="return")
+    with pytest.raises(AttnlabError, match=r"^encoder_tokens: expected the tokens"):
+        viz.head_view(encoder_attention=out.encoder_attentions, html_action="return")
     with pytest.raises(AttnlabError, match=r"^decoder_tokens: expected the decoder's tokens"):
         viz.head_view(cross_attention=out.cross_attentions, encoder_tokens=enc,
                       html_action="return")
