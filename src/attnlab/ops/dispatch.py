@@ -40,7 +40,7 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     d = p.dims
     if _empty(p):
         return Choice("math", "empty input: nothing to compute")
-    if p.attn_mask is not None and p.attn_mask.requires_grad and torch.is_grad_enabled():
+    if _mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
@@ -71,8 +71,13 @@ def _run_sdpa(p: Problem, need_lse: bool):
 
 def _sdpa_math(p: Problem, need_lse: bool) -> bool:
     """Backend "sdpa" computes this call on the math path: softcap/ALiBi, or an lse the fused
-    kernel can't return here."""
-    return p.has_modifiers or (need_lse and not fused_cpu.applies(p))
+    kernel can't return here (or not with a float attn_mask that needs a gradient)."""
+    return p.has_modifiers or (need_lse and (not fused_cpu.applies(p) or _mask_grad(p)))
+
+
+def _mask_grad(p: Problem) -> bool:
+    """A float attn_mask that autograd tracks: only the math path gives its gradient."""
+    return p.attn_mask is not None and p.attn_mask.requires_grad and torch.is_grad_enabled()
 
 
 #: backend name -> runner(problem, need_lse) -> (out, lse or None)

@@ -11,7 +11,15 @@ only through this module, which owns:
   key, value or output whose last dim has another stride (sliced, transposed, expanded) gets a
   contiguous copy here; every other stride (batch, head, row; 0 included) it honours;
 - its lse conventions: it reports lse 0 for a row its mask leaves empty, which attnlab reports as
-  -inf (`forward`), and its backward needs +inf there so exp(s - lse) = 0 (`backward`).
+  -inf (`forward`), and its backward needs +inf there so exp(s - lse) = 0 (`backward`);
+- the lse gradient, which its backward has no argument for (`with_lse_grad`, below).
+
+The lse gradient: with lse_i = log Σ_j exp(s_ij), d lse_i / d s_ij = P_ij, so a gradient dlse
+only changes the backward's row term, δ_i = rowsum(dO_i · out_i) − dlse_i. The kernel computes δ
+from the dO and out it is given and reads out nowhere else, so one more column carries the
+term in exactly: q, k and v get a zero column (scores and dP = dO·vᵀ unchanged), dO a 1 and out
+−dlse (two columns for fp16/bf16, −dlse split into a high and a low part, so it keeps fp32's
+precision); the extra columns of dq, dk and dv are dropped.
 
 Caution: the op is private to PyTorch; `available()` is False where a build lacks it, and every
 caller then takes a plain-PyTorch path with the same semantics.
@@ -20,6 +28,7 @@ caller then takes a plain-PyTorch path with the same semantics.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from attnlab.ops.scores import lse_for_exp
 
@@ -79,12 +88,43 @@ def forward(q, k, v, *, scale: float, attn_mask=None, is_causal: bool = False,
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, *, scale: float, attn_mask=None, is_causal: bool = False):
-    """(dq, dk, dv) of `forward`, given the (global) out and lse of the rows in q.
+def backward(dout, q, k, v, out, lse, *, scale: float, attn_mask=None, is_causal: bool = False,
+             dlse: torch.Tensor | None = None):
+    """(dq, dk, dv) of `forward`, given the (global) out and lse of the rows in q and the
+    gradients dout and dlse (None: zero) of both.
 
     A row with lse -inf (nothing to attend) gets zero gradient.
     """
+    extra = 0
+    if dlse is not None:
+        q, k, v, out, dout, extra = with_lse_grad(q, k, v, out, dout, dlse)
     q, k, v, out, dout = (laid_out(x) for x in (q, k, v, out, dout))
     lse = lse_for_exp(lse)  # dead rows: +inf, so exp(s - lse) = 0
-    return getattr(torch.ops.aten, BWD)(dout, q, k, v, out, lse, 0.0, is_causal,
-                                        attn_mask=attn_mask, scale=scale)
+    dq, dk, dv = getattr(torch.ops.aten, BWD)(dout, q, k, v, out, lse, 0.0, is_causal,
+                                              attn_mask=attn_mask, scale=scale)
+    if extra:
+        dq, dk, dv = (x[..., :-extra] for x in (dq, dk, dv))  # (.., D + extra) -> (.., D)
+    return dq, dk, dv
+
+
+def lse_columns(dtype: torch.dtype) -> int:
+    """Columns `with_lse_grad` appends: 1, or 2 where −dlse is split into high and low parts."""
+    return 1 if dtype in (torch.float32, torch.float64) else 2
+
+
+def with_lse_grad(q, k, v, out, dout, dlse):
+    """(q, k, v, out, dout, extra): the backward's inputs with `extra` columns that make the
+    kernel's row term rowsum(dO·out) − dlse (see the module docstring).
+
+    q (.., L, D), k, v (.., S, D), out, dout (.., L, D), dlse (.., L) broadcastable to out's rows.
+    """
+    n = lse_columns(q.dtype)
+    q, k, v = (F.pad(x, (0, n)) for x in (q, k, v))  # (.., D) -> (.., D + n): zero columns
+    minus = -dlse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    hi = minus.to(q.dtype)
+    parts = [hi] if n == 1 else [hi, (minus - hi.to(minus.dtype)).to(q.dtype)]  # hi + lo
+    cols = torch.stack(parts, -1).expand(*out.shape[:-1], n)  # (.., L, n)
+    out = torch.cat([out.to(q.dtype), cols], -1)  # (.., L, D) -> (.., L, D + n)
+    ones = torch.ones((), dtype=q.dtype, device=q.device).expand(*dout.shape[:-1], n)
+    dout = torch.cat([dout.to(q.dtype), ones], -1)  # (.., L, D) -> (.., L, D + n)
+    return q, k, v, out, dout, n

@@ -92,8 +92,10 @@ def softmax(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m = exp_shift(m)  # (..., L, 1)
     e = torch.exp(s - m)
     total = e.sum(dim=-1, keepdim=True)  # (..., L, 1)
-    weights = e / torch.where(total > 0, total, torch.ones_like(total))
-    lse = (m + torch.log(total)).squeeze(-1)  # (..., L); log(0) = -inf for an all-masked row
+    alive = total > 0
+    safe = torch.where(alive, total, torch.ones_like(total))  # log(0)'s gradient would be NaN
+    weights = e / safe
+    lse = torch.where(alive, m + torch.log(safe), NEG_INF).squeeze(-1)  # (..., L); -inf: no key
     return weights, lse
 
 

@@ -2,8 +2,9 @@
 
 attnlab adds what SDPA lacks: structured masks (passed as `is_causal` when that says it exactly,
 else as a dense mask) and the log-sum-exp when `return_lse=True`, through the CPU flash kernel
-behind `fused_cpu` (which returns it). Non-finite keys/values are handled before any backend
-runs (`ops.nonfinite`).
+behind `fused_cpu` (which returns it). That lse carries a gradient: `_FlashLse` runs the
+kernel's backward with the lse's gradient folded in (`fused_cpu.with_lse_grad`). Non-finite
+keys/values are handled before any backend runs (`ops.nonfinite`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _flash_cpu(p: Problem, mask, is_causal):
             ~mask, float("-inf"))
     if mask is not None:
         mask = _as4(mask, q.shape)  # (B|1, H|1, L|1, S|1): broadcast dims stay unexpanded
-    out, lse = fused_cpu.forward(q4, k4, v4, attn_mask=mask, is_causal=is_causal, scale=p.scale)
+    out, lse = _FlashLse.apply(q4, k4, v4, mask, is_causal, p.scale)
     out = out.reshape(*q.shape[:-1], p.dims.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
     return out, lse.reshape(q.shape[:-1])  # (B, H, L) -> (..., H, L)
 
@@ -69,3 +70,27 @@ def _as4(x: torch.Tensor, q_shape) -> torch.Tensor:
         return x.reshape(1, *x.shape[nb:])  # (1, .., 1, H|1, L|1, X) -> (1, H|1, L|1, X)
     x = x.expand(*q_shape[:nb], *x.shape[nb:])  # (.., H|1, L|1, X) -> (*batch, H|1, L|1, X)
     return x.reshape(-1, *x.shape[nb:])  # -> (B, H|1, L|1, X)
+
+
+class _FlashLse(torch.autograd.Function):
+    """The CPU flash kernel as (out, lse), both differentiable (the mask is a constant: dispatch
+    sends a float attn_mask that needs a gradient to the math path)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal: bool, scale: float):
+        out, lse = fused_cpu.forward(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask, ctx.is_causal, ctx.scale = mask, is_causal, scale
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:  # only the lse is differentiated
+            dout = torch.zeros_like(out)
+        if dlse is not None and not bool(dlse.any()):
+            dlse = None  # the kernel's own backward, no extra column
+        dq, dk, dv = fused_cpu.backward(dout, q, k, v, out, lse, scale=ctx.scale,
+                                        attn_mask=ctx.mask, is_causal=ctx.is_causal, dlse=dlse)
+        return dq, dk, dv, None, None, None

@@ -6,7 +6,8 @@
     fwd.py       the forward: a short dispatcher over row blocks, and the pure PyTorch rows
     bwd.py       the backward, split the same way
     fused.py     the fused path of both: each chunk on PyTorch's CPU flash kernel (`ops.fused_cpu`)
-    autograd.py  the autograd Function and the runner `forward(problem, need_lse)`
+    autograd.py  the autograd Function, the runner `forward(problem, need_lse)` and
+                 `backward(problem, out, lse, dout, dlse)` from a given (global) out and lse
 
 Glossary of the shape comments (the same letters everywhere in attnlab):
 
@@ -24,7 +25,7 @@ e.g. `s = (q @ kᵀ) · scale  # (N, G·bq, D) @ (N, D, ck) -> (N, G·bq, ck)`; 
 that may be 1 and broadcast.
 """
 
-from attnlab.ops.tiled.autograd import TiledAttention, forward
+from attnlab.ops.tiled.autograd import TiledAttention, backward, forward
 from attnlab.ops.tiled.plan import Plan, make_plan, plan_for
 
-__all__ = ["Plan", "TiledAttention", "forward", "make_plan", "plan_for"]
+__all__ = ["Plan", "TiledAttention", "backward", "forward", "make_plan", "plan_for"]

@@ -2,10 +2,13 @@
 
 With P = exp(s - lse) (the softmax weights), Z the dropout multiplier and dO the output gradient:
 
-    dV = (P·Z)ᵀ @ dO;   dP = (dO @ Vᵀ)·Z;   dS = P · (dP - δ),  δ = rowsum(dO · out)
+    dV = (P·Z)ᵀ @ dO;   dP = (dO @ Vᵀ)·Z;   dS = P · (dP - δ),  δ = rowsum(dO · out) - dlse
     dQ = scale · dS @ K;  dK = scale · dSᵀ @ Q
 
-(δ equals rowsum(P·dP) because out = (P·Z) @ V.) Softcap multiplies dS by 1 - tanh². Rows with
+(rowsum(dO · out) equals rowsum(P·dP) because out = (P·Z) @ V; dlse, the gradient of the returned
+lse = log Σ exp(s), adds P·dlse to dS since d lse_i / d s_ij = P_ij.) Softcap multiplies dS by
+1 - tanh². out and lse may be global: the rows' output and lse over more keys than this call's
+(a context-parallel block), and the result is then this call's keys' share. Rows with
 lse = -inf (nothing to attend) get P = 0 and so gradient 0 (`scores.lse_for_exp`). dK and dV
 accumulate in the accumulation dtype over (B, Hkv, S, D) buffers; per query block only one chunk
 of scores is alive.
@@ -19,20 +22,26 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.ops import scores
+from attnlab.ops import fused_cpu, scores
 from attnlab.ops.tiled import fused
 from attnlab.ops.tiled.chunk import alive_columns, chunk_allowed, chunk_scores
 from attnlab.ops.tiled.fwd import q_rows
 from attnlab.ops.tiled.setup import Setup, dropout_keep, generator
 
 
-def _bwd(st: Setup, q, k, v, out, lse, dout):
-    """Gradients (dq, dk, dv) in the inputs' dtypes; q, k, v, out, lse as `_fwd`'s, dout as out."""
+def _bwd(st: Setup, q, k, v, out, lse, dout, dlse=None):
+    """Gradients (dq, dk, dv) in the inputs' dtypes; q, k, v, out, lse as `_fwd`'s, dout as out,
+    dlse as lse or None (zero)."""
+    extra = 0
+    if dlse is not None and st.fused:  # the fused kernel takes dlse as one more column
+        q, k, v, out, dout, extra = fused_cpu.with_lse_grad(q, k, v, out, dout, dlse)
+        dlse = None
     G, D, Dv = st.G, q.shape[-1], v.shape[-1]
     q5 = q.reshape(st.B, st.Hkv, G, st.L, D)  # (B, H, L, D) -> (B, Hkv, G, L, D)
     out5 = out.reshape(st.B, st.Hkv, G, st.L, Dv)  # (B, H, L, Dv) -> (B, Hkv, G, L, Dv)
     do5 = dout.reshape(st.B, st.Hkv, G, st.L, Dv)  # (B, H, L, Dv) -> (B, Hkv, G, L, Dv)
     lse5 = lse.reshape(st.B, st.Hkv, G, st.L)  # (B, H, L) -> (B, Hkv, G, L)
+    dlse5 = None if dlse is None else dlse.reshape(st.B, st.Hkv, G, st.L)  # like lse5
     dq = torch.zeros(st.B, st.Hkv, G, st.L, D, dtype=q.dtype, device=q.device)
     dk = torch.zeros(st.B, st.Hkv, st.S, D, dtype=st.acc, device=q.device)
     dv = torch.zeros(st.B, st.Hkv, st.S, Dv, dtype=st.acc, device=q.device)
@@ -40,13 +49,16 @@ def _bwd(st: Setup, q, k, v, out, lse, dout):
     gen = generator(st, q.device)  # replays the forward's dropout, in the same order
     for q0, q1, chunks in st.plan.rows:
         if chunks:
-            g = rows(st, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen)
+            g = rows(st, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen, dlse5)
             dq[:, :, :, q0:q1] = g  # (B, Hkv, G, bq, D)
     dq = dq.view(q.shape)  # (B, Hkv, G, L, D) -> (B, H, L, D)
-    return dq, dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)  # (B, Hkv, S, D|Dv)
+    dk, dv = dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)  # (B, Hkv, S, D|Dv)
+    if extra:  # drop the lse columns: (.., D + extra) -> (.., D)
+        dq, dk, dv = (x[..., :-extra] for x in (dq, dk, dv))
+    return dq, dk, dv
 
 
-def _pure_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen):
+def _pure_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen, dlse5=None):
     """dq rows (B, Hkv, G, bq, D) in the accumulation dtype of one row block, with plain PyTorch
     ops; adds this block's shares to dk (B, Hkv, S, D) and dv (B, Hkv, S, Dv)."""
     N, G, bq, D, Dv = st.B * st.Hkv, st.G, q1 - q0, q5.shape[-1], v.shape[-1]
@@ -56,6 +68,8 @@ def _pure_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen
     dob = do5[:, :, :, q0:q1].to(st.acc).reshape(N, G * bq, Dv)  # (B, Hkv, G, bq, Dv) -> 3-D
     ob = out5[:, :, :, q0:q1].to(st.acc).reshape(N, G * bq, Dv)  # -> (N, G·bq, Dv)
     delta = (dob * ob).sum(-1, keepdim=True)  # (N, G·bq, 1): rowsum(dO · out)
+    if dlse5 is not None:
+        delta = delta - dlse5[:, :, :, q0:q1].to(st.acc).reshape(N, G * bq, 1)  # - dlse
     lse_b = scores.lse_for_exp(lse5[:, :, :, q0:q1]).reshape(N, G * bq, 1)  # (.., bq) -> 3-D
     dqb = torch.zeros(N, G * bq, D, dtype=st.acc, device=qb.device)
     for ch in chunks:

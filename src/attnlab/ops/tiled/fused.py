@@ -78,9 +78,10 @@ def fwd_rows(st: Setup, q5, k, v, q0, q1, chunks, gen=None):
     return out, lse.view(st.B, st.Hkv, st.G, bq)  # (B, Hkv, G·bq) -> (B, Hkv, G, bq)
 
 
-def bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen=None):
+def bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen=None, dlse5=None):
     """dq rows (B, Hkv, G, bq, D) in the accumulation dtype; adds this block's shares to dk
-    (B, Hkv, S, D) and dv (B, Hkv, S, Dv)."""
+    (B, Hkv, S, D) and dv (B, Hkv, S, Dv). An lse gradient arrives folded into the inputs'
+    extra columns (`fused_cpu.with_lse_grad`, by `tiled.bwd._bwd`), so dlse5 is always None."""
     qb, ob, dob = _rows(st, q5, q0, q1), _rows(st, out5, q0, q1), _rows(st, do5, q0, q1)
     lb = lse5[:, :, :, q0:q1].reshape(st.B, st.Hkv, -1)  # (B, Hkv, G, bq) -> (B, Hkv, G·bq)
     dq = None
