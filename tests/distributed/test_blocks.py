@@ -1,44 +1,66 @@
-"""The block backward from a given global out and lse: PyTorch's CPU flash backward (where it
-applies) and the plain PyTorch path agree, on masked blocks with rows that attend nothing."""
+"""The block backward from a given global out and lse (and their gradients): each key block's
+dk, dv and share of dq equal float64 autograd of the whole attention, for MHA, GQA, MQA, softcap,
+an lse gradient and masked blocks with rows that attend nothing (and NaN in keys no row attends);
+every block runs on the tiled backward (grouped heads without a copy of k/v per head)."""
 
 import pytest
 import torch
 
 from attnlab.distributed import blocks
+from attnlab.ops import tiled
+
+NEG = float("-inf")
 
 
-def _case(dtype, masked):
-    g = torch.Generator().manual_seed(3)
-    B, H, L, S, D = 2, 3, 7, 11, 16
-    q, do, out = (torch.randn(B, H, L, D, generator=g, dtype=dtype) for _ in range(3))
-    k, v = (torch.randn(B, H, S, D, generator=g, dtype=dtype) for _ in range(2))
-    lse = torch.randn(B, H, L, generator=g, dtype=dtype) + 3  # a global lse (other blocks too)
-    allowed = None
-    if masked:
-        allowed = torch.rand(B, 1, L, S, generator=g) > 0.4
-        allowed[:, :, 2] = False  # a row with nothing here...
-        lse[:, :, 2] = float("-inf")  # ...and nowhere else either
-    return q, k, v, allowed, out, lse, do, torch.zeros_like(lse)
+def _whole(q, k, v, allowed, scale, softcap):
+    """(out, lse) of attention over every key, float64 autograd of the definition."""
+    G = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(G, 1).transpose(-2, -1) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~allowed, NEG)
+    alive = (s > NEG).any(-1, keepdim=True)
+    s = torch.where(alive, s, 0.0)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    w = torch.where(alive & allowed, torch.exp(s - lse), 0.0)
+    return w @ v.repeat_interleave(G, 1), torch.where(alive, lse, NEG).squeeze(-1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("masked", [False, True])
-def test_fused_and_plain_block_backward_agree(dtype, masked, monkeypatch):
-    q, k, v, allowed, out, lse, do, dlse = _case(dtype, masked)
-    assert blocks._fused_ok(q, k, v, None, dlse)
-    fused = blocks.block_backward(q, k, v, allowed, 0.25, None, out, lse, do, dlse)
-    monkeypatch.setattr(blocks, "_fused_ok", lambda *a: False)  # the plain path
-    plain = blocks.block_backward(q, k, v, allowed, 0.25, None, out, lse, do, dlse)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    for a, b in zip(fused, plain):
-        assert torch.isfinite(a).all()
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
-    if masked:
-        assert (fused[0][:, :, 2] == 0).all()
-
-
-def test_fused_path_steps_aside_for_softcap_lse_gradient_and_groups():
-    q, k, v, _, _, _, _, dlse = _case(torch.float64, False)
-    assert not blocks._fused_ok(q, k, v, 30.0, dlse)
-    assert not blocks._fused_ok(q, k, v, None, dlse + 1)
-    assert not blocks._fused_ok(q, k[:, :1], v[:, :1], None, dlse)
+@pytest.mark.parametrize("Hkv", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("with_dlse", [False, True])
+def test_blocks_add_up_to_the_whole_backward(dtype, Hkv, softcap, with_dlse, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    B, H, L, S, D, cut, scale = 2, 4, 7, 12, 16, 5, 0.25
+    q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    allowed = torch.rand(B, 1, L, S, generator=g) > 0.4
+    allowed[:, :, 2] = False  # a row with nothing anywhere
+    allowed[0, :, 4, :cut] = False  # a row with nothing in the first block only
+    allowed[..., S - 1] = False  # a key no row attends: NaN/Inf there must reach nothing
+    do = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    dlse = torch.randn(B, H, L, generator=g, dtype=torch.float64) if with_dlse else None
+    out, lse = _whole(q, k, v, allowed, scale, softcap)
+    want = torch.autograd.grad([out, lse], (q, k, v),
+                               [do, torch.zeros_like(lse) if dlse is None else dlse])
+    calls = []
+    real = tiled.backward
+    monkeypatch.setattr(tiled, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    c = lambda x: x.detach().to(dtype)  # noqa: E731
+    k, v = k.detach().clone(), v.detach().clone()
+    k[:, :, S - 1], v[:, :, S - 1] = float("nan"), float("inf")
+    dq = torch.zeros(B, H, L, D, dtype=dtype)
+    for cols in (slice(0, cut), slice(cut, S)):
+        gq, gk, gv = blocks.block_backward(
+            c(q), c(k[:, :, cols]), c(v[:, :, cols]), allowed[..., cols], scale, softcap,
+            c(out), c(lse), c(do), None if dlse is None else c(dlse))
+        tol = 1e-12 if dtype == torch.float64 else 2e-5
+        for a, b in ((gk, want[1][:, :, cols]), (gv, want[2][:, :, cols])):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b.to(dtype), rtol=tol, atol=tol)
+        dq += gq
+    torch.testing.assert_close(dq, want[0].to(dtype), rtol=tol, atol=tol)
+    assert (dq[:, :, 2] == 0).all()
+    assert len(calls) == 2  # every block on the tiled backward

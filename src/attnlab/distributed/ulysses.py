@@ -3,10 +3,10 @@ sequence for H/P heads, all-to-all back.
 
 Each rank ends up with every token of H/P query heads and Hkv/P key/value heads (so H and Hkv must
 both divide by P), puts the tokens in global order and runs `attnlab.attention` with the mask
-itself, which skips empty tiles and keeps memory linear in L. Autograd runs through the two
-all-to-alls (each one's backward is the other).
-
-Caution: the returned lse carries no gradient with this strategy (ring and allgather's does).
+itself, which skips empty tiles and keeps memory linear in L. Autograd runs through the
+all-to-alls (each one's backward is the other), the returned lse's included: its gradient travels
+back to the head shards only when a loss uses the lse (B·H·L_local values in the accumulation
+dtype), so every rank's loss must use it alike, as every rank must run the backward.
 """
 
 from __future__ import annotations
@@ -85,12 +85,10 @@ def ulysses_attention(q, k, v, c: Call, *, mask, enable_gqa: bool):
     back[q_order.cpu()] = torch.arange(gq.n)
     back = back.to(q.device)
     out = torch.cat([out, out.new_zeros(*out.shape[:2], 1, out.shape[-1])], 2).index_select(2, back)
-    lse = lse.detach()
     pad = lse.new_full((*lse.shape[:2], 1), float("-inf"))
     lse = torch.cat([lse, pad], 2).index_select(2, back)
     if P > 1:
         out = _HeadsToSeq.apply(out, c, "forward")  # (B, H, n_max, Dv)
-        with torch.no_grad():  # no gradient for the lse here, as attnlab.attention's fused paths
-            lse = heads_to_seq(lse[..., None], c, "forward")[..., 0]  # (B, H, n_max)
+        lse = _HeadsToSeq.apply(lse[..., None], c, "forward")[..., 0]  # (B, H, n_max)
     n = gq.size(c.rank)
     return out[:, :, :n], lse[:, :, :n]
