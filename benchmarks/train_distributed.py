@@ -2,11 +2,14 @@
 on this machine (one thread per process), and print tokens/s (all processes together), the loss
 after a fixed number of steps, and the peak memory per process, side by side.
 
-Each row is one `attnlab train` run as a user starts it (a fresh process; the launcher starts the
+Each run is one `attnlab train` as a user starts it (a fresh process; the launcher starts the
 workers), so start-up is not in tokens/s: the trainer times its steps. The losses of the three
-rows agree to 1e-4 by construction (the same global batch and data order; tested).
+rows agree to 1e-4 by construction (the same global batch and data order; tested). With
+`--repeat N` the layouts take turns N times (so a burst of load from other jobs hits them alike)
+and each row shows the median run and the range of tokens/s.
 
     python benchmarks/train_distributed.py                       # 100 steps, batch 24
+    python benchmarks/train_distributed.py --repeat 3            # interleaved, median and range
     python benchmarks/train_distributed.py --steps 300 --batch-size 48 --preset tiny-gqa
 
 On several machines the same run is one torchrun per machine (same --rdzv-endpoint):
@@ -61,19 +64,31 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=Bench.steps)
     ap.add_argument("--batch-size", type=int, default=Bench.batch_size)
     ap.add_argument("--preset", default=Bench.preset)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per layout, interleaved")
     a = ap.parse_args(argv)
     b = Bench(a.steps, a.batch_size, a.preset)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = [run(b, name, extra, Path(tmp)) for name, extra in LAYOUTS.items()]
-    print(f"{b.preset}, {b.steps} steps x {b.batch_size} sequences, fp32, one thread per process")
-    print("| layout | tokens/s | vs 1 process | train loss | val loss | train s | wall s | "
-          "peak MiB/process |")
-    print("|---|---|---|---|---|---|---|---|")
+    runs: dict[str, list[dict]] = {name: [] for name in LAYOUTS}
+    for _ in range(a.repeat):
+        for name, extra in LAYOUTS.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[name].append(run(b, name, extra, Path(tmp)))
+    rows = [median_run(rs) for rs in runs.values()]
+    print(f"{b.preset}, {b.steps} steps x {b.batch_size} sequences, fp32, one thread per process, "
+          f"{a.repeat} run(s) per layout")
+    print("| layout | tokens/s (median) | range | vs 1 process | train loss | val loss | train s | "
+          "wall s | peak MiB/process |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = rows[0]["tokens/s"]
-    for r in rows:
-        print(f"| {r['layout']} | {r['tokens/s']:,} | {r['tokens/s'] / base:.2f}x | "
-              f"{r['train loss']:.4f} | {r['val loss']:.4f} | {r['train s']:.1f} | "
-              f"{r['wall s']:.1f} | {r['peak MiB/process']:,} |")
+    for r, rs in zip(rows, runs.values()):
+        lo, hi = min(x["tokens/s"] for x in rs), max(x["tokens/s"] for x in rs)
+        print(f"| {r['layout']} | {r['tokens/s']:,} | {lo:,}–{hi:,} | "
+              f"{r['tokens/s'] / base:.2f}x | {r['train loss']:.4f} | {r['val loss']:.4f} | "
+              f"{r['train s']:.1f} | {r['wall s']:.1f} | {r['peak MiB/process']:,} |")
+
+
+def median_run(rs: list[dict]) -> dict:
+    """The run with the median tokens/s (the lower middle one for an even count)."""
+    return sorted(rs, key=lambda r: r["tokens/s"])[(len(rs) - 1) // 2]
 
 
 if __name__ == "__main__":

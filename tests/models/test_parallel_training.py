@@ -192,7 +192,7 @@ def test_ctrl_c_saves_a_step_every_rank_agrees_on_and_resume_continues_the_curve
     assert 0 < step < 200 and len(doc["state"]["history"]) == step, err[-3000:]
     assert (doc["train"]["lr"], doc["train"]["warmup_steps"]) == (2e-3, 200)
     said = [line for line in err.splitlines() if "interrupted" in line]
-    assert said == [f"attnlab train: interrupted; {out} keeps the checkpoint of step {step}; "
+    assert said == [f"attnlab train: interrupted. {out} keeps the checkpoint of step {step}; "
                     f"continue with: attnlab train --out {out} --resume --nproc 2"], err[-3000:]
 
     end = step + 3

@@ -81,5 +81,6 @@ def test_a_cp_trainer_names_the_override_when_the_model_has_dropout():
     from attnlab.models.parallel import Parallel
 
     par = Parallel(0, 2, 1, 2, ContextParallel(), None, 30.0)
-    with pytest.raises(AttnlabError, match=r"has dropout 0\.1; train it with --dropout 0"):
+    with pytest.raises(AttnlabError, match=r"has dropout 0\.1; train it with --dropout 0") as e:
         Trainer.start("small", parallel=par, max_steps=1)
+    assert e.value.every_rank  # the same on every rank: only rank 0 prints it

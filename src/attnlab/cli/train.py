@@ -47,7 +47,8 @@ def add_parser(sub):
                    "(default: 1)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="seconds a process waits for the others before the run stops with an "
-                   "error (default: 300)")
+                   "error, and after Ctrl-C for the workers to finish the step and save "
+                   "(default: 300)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--track-heads", action="store_true",
                    help="at every evaluation, write head statistics on a repeated-random probe "
@@ -241,7 +242,7 @@ def _launch(args, out: Path, nproc: int) -> int:
     except AttnlabError as e:
         raise AttnlabError(f"{e}. {_resume_hint(out, nproc, args.cp)}") from None
     except KeyboardInterrupt:
-        print(f"attnlab train: interrupted; {_resume_hint(out, nproc, args.cp)}", file=sys.stderr)
+        print(f"attnlab train: interrupted. {_resume_hint(out, nproc, args.cp)}", file=sys.stderr)
         return INTERRUPTED
     return 0
 
@@ -295,6 +296,7 @@ def _worker(args, out: Path) -> int:
                            f"{world} processes")
     if args.nproc is not None and args.nproc != world:
         raise AttnlabError(f"--nproc: {args.nproc}, but torchrun started {world} processes")
+    import gc
     import signal
 
     import torch
@@ -331,7 +333,7 @@ def _worker(args, out: Path) -> int:
         return 0
     except KeyboardInterrupt:  # every rank stopped after the same step and rank 0 saved it
         if par.is_main and LOCAL_LAUNCH_ENV not in os.environ:  # torchrun: no launcher of ours
-            print(f"attnlab train: interrupted; {_resume_hint(out, par.world, par.cp)}",
+            print(f"attnlab train: interrupted. {_resume_hint(out, par.world, par.cp)}",
                   file=sys.stderr)
         return INTERRUPTED
     except AttnlabError as e:
@@ -347,5 +349,9 @@ def _worker(args, out: Path) -> int:
                            f"({first}); the run stopped. "
                            f"{_resume_hint(out, par.world, par.cp)}") from None
     finally:
+        # DistributedDataParallel holds the process group: let it go while the interpreter is
+        # whole, so the group is torn down here and not during exit
+        trainer = None
+        gc.collect()
         par.close()
         signal.signal(signal.SIGINT, previous)

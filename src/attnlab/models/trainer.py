@@ -114,13 +114,17 @@ class Trainer:
         self._saved_step: int | None = None  # step of the checkpoint in `out`, once there is one
 
     def _distribute(self, par: Parallel) -> None:
+        err = None
         if self.config.batch_size % par.dp:
-            raise AttnlabError(f"batch_size: the global batch of {self.config.batch_size} rows "
+            err = AttnlabError(f"batch_size: the global batch of {self.config.batch_size} rows "
                                f"does not split over --dp {par.dp} replicas")
-        if par.cp > 1 and self.model.config.dropout > 0:
-            raise AttnlabError(f"--cp: context-parallel attention has no dropout, and this model "
+        elif par.cp > 1 and self.model.config.dropout > 0:
+            err = AttnlabError(f"--cp: context-parallel attention has no dropout, and this model "
                                f"has dropout {self.model.config.dropout:g}; train it with "
                                "--dropout 0, or with --dp alone")
+        if err is not None:
+            err.every_rank = True  # every rank finds the same: rank 0 says it
+            raise err
         self.model.to(par.device).set_context_parallel(par.handle)
         self.forward = par.wrap(self.model)
 
