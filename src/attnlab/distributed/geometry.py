@@ -5,10 +5,11 @@ All of it comes from the mask's tile classes on global positions, so every rank 
 answer with no communication, and the cost model (`plan`) uses the very same numbers.
 
 Transfer sets (which keys a rank receives) are exact at the granularity of `key_block` (one key
-for S <= 4096): from tile classes where they are exact, else from the mask evaluated on every
-rank's rows (striped layouts, `&` / `|` masks) as long as that stays within EXACT_BUDGET
-elements. Caution: beyond that budget they fall back to the tiles, which are conservative for
-those: a transfer may then carry a key no query attends; it never misses one that some query does.
+for S <= 4096): from tile classes where they are exact, else (striped layouts, `&` / `|` masks)
+from the mask evaluated on the PARTIAL tiles of a coarser grid, as long as those hold at most
+EXACT_BUDGET elements. Caution: beyond that budget they fall back to the tiles, which are
+conservative there: a transfer may then carry a key no query attends; it never misses one that
+some query does.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from attnlab.masks.base import And, Not, Or
 
 #: key-side granularity of transfer planning: at most this many key blocks over the sequence
 MAX_KEY_BLOCKS = 4096
-#: most mask elements (Bm·Hm·L·S) evaluated to make transfer sets exact where tiles are not
+#: tiles per side of the grid that refines transfer sets where tile classes are not exact
+REFINE_TILES = 128
+#: most mask elements (Bm·Hm·rows·keys of PARTIAL tiles) evaluated to make those sets exact
 EXACT_BUDGET = 1 << 24
-#: most mask elements evaluated at a time
-EVAL_CHUNK = 1 << 22
 
 
 @dataclass
@@ -84,28 +85,18 @@ class Geometry:
     def need_blocks(self) -> torch.Tensor:
         """bool (world, nKb): rank r has a query that may attend some key of key block b.
 
-        From the tile classes of (query chunk, key block) tiles where those are exact (contiguous
-        and zigzag layouts, masks other than `&` / `|`); otherwise from the mask evaluated on every
-        rank's rows when that is at most EXACT_BUDGET elements, else from the tiles, conservatively
-        (a rank with rows in a tile that is not EMPTY needs its key block).
+        Contiguous and zigzag layouts under masks whose tile classes are exact (all but `&`, `|`):
+        from (query chunk, key block) tiles. Otherwise (striped, or `&` / `|`): see `_need_refined`.
         """
         P, bk = self.world, self.key_block
         nkb = math.ceil(self.S / bk)
         has_rows = torch.tensor([self.q.size(r) > 0 for r in range(P)])
         if self.mask is None:
             return has_rows[:, None].expand(P, nkb).clone()
-        m = self.mask
-        exact_tiles = self.layout != "striped" and _tiles_exact(m)
-        if not exact_tiles and m.batch_size * m.heads * self.L * self.S <= EXACT_BUDGET:
-            return self._need_evaluated(nkb)
-        bq = self.q.chunk if self.layout != "striped" else max(1, math.ceil(self.L / (2 * P)))
-        t = m.tiles(self.L, self.S, bq, bk)  # (Bm, Hm, nQ, nKb)
+        if self.layout == "striped" or not _tiles_exact(self.mask):
+            return self._need_refined(nkb)
+        t = self.mask.tiles(self.L, self.S, self.q.chunk, bk)  # (Bm, Hm, nQ, nKb)
         live = (t != EMPTY).flatten(0, 1).any(0)  # (nQ, nKb)
-        if self.layout == "striped":  # rank r has a row in tile i: some j ≡ r in [lo_i, hi_i]
-            lo = torch.arange(live.shape[0]) * bq
-            span = torch.clamp(self.L - lo, max=bq)  # rows per tile
-            has = (torch.arange(P)[:, None] - lo[None, :]) % P < span[None, :]  # (P, nQ)
-            return (has.double() @ live.double()) > 0  # (P, nQ) @ (nQ, nKb) -> (P, nKb)
         need = torch.zeros(P, nkb, dtype=torch.bool)
         for r in range(P):
             rows = [c for c in self.q.chunks_of(r) if c < live.shape[0]]
@@ -113,19 +104,38 @@ class Geometry:
                 need[r] = live[rows].any(0)
         return need
 
-    def _need_evaluated(self, nkb: int) -> torch.Tensor:
-        """need_blocks from the mask itself on each rank's rows × all keys, in row chunks."""
-        P, bk, m = self.world, self.key_block, self.mask
-        cols = torch.arange(self.S)
-        step = max(1, EVAL_CHUNK // (m.batch_size * m.heads * self.S))
-        need = torch.zeros(P, nkb * bk, dtype=torch.bool)
+    def _need_refined(self, nkb: int) -> torch.Tensor:
+        """need_blocks from a grid of about REFINE_TILES² tiles: a FULL tile is needed by every
+        rank with a row in it, an EMPTY one by none, and a PARTIAL one is evaluated (the mask on
+        its rows × columns, one call per query tile), as long as the PARTIAL tiles' area stays
+        within EXACT_BUDGET; beyond that a PARTIAL tile counts as needed by every rank with a row
+        in it (conservative)."""
+        P, kb, m, L, S = self.world, self.key_block, self.mask, self.L, self.S
+        bq = math.ceil(L / REFINE_TILES)
+        bk = kb * math.ceil(math.ceil(S / REFINE_TILES) / kb)  # whole key blocks per tile
+        t = m.tiles(L, S, bq, bk).flatten(0, 1)  # (Bm·Hm, nQ, nK)
+        full, live = (t == FULL).any(0), (t != EMPTY).any(0)  # (nQ, nK)
+        partial = live & ~full
+        owner = torch.empty(L, dtype=torch.int64)  # the rank of each query position
         for r in range(P):
-            pos = self.q.positions(r)
-            for a in range(0, len(pos), step):
-                # (Bm, Hm, rows, S) -> (S,): keys some of these rows may attend
-                need[r, :self.S] |= m.block(pos[a:a + step], cols, self.L, self.S).any(2).flatten(
-                    0, 1).any(0)
-        return need.reshape(P, nkb, bk).any(-1)  # (P, nKb)
+            owner[self.q.positions(r)] = r
+        has = torch.zeros(P, full.shape[0])  # (P, nQ): 1 where rank r has a row in tile i
+        has[owner, torch.arange(L) // bq] = 1.0
+        exact = int(partial.sum()) * bq * bk * m.batch_size * m.heads <= EXACT_BUDGET
+        by_tile = (has @ (full if exact else live).float()) > 0  # (P, nQ) @ (nQ, nK)
+        need = by_tile.repeat_interleave(bk // kb, dim=1)[:, :nkb].clone()  # (P, nKb)
+        if not exact:
+            return need
+        hits = torch.zeros(P, nkb)
+        for i in torch.nonzero(partial.any(1)).flatten().tolist():
+            rows = torch.arange(i * bq, min((i + 1) * bq, L))
+            cols = torch.cat([torch.arange(j * bk, min((j + 1) * bk, S))
+                              for j in torch.nonzero(partial[i]).flatten().tolist()])
+            allowed = m.block(rows, cols, L, S).flatten(0, 1).any(0)  # (rows, cols)
+            mine = (owner[rows][None, :] == torch.arange(P)[:, None]).float()  # (P, rows)
+            # (P, rows) @ (rows, cols) -> (P, cols): rank r has a row that may attend the key
+            hits.index_add_(1, cols // kb, mine @ allowed.float())
+        return need | (hits > 0)
 
     def rows_needed(self, r: int, s: int) -> torch.Tensor:
         """int64 local row indices of rank s's keys that rank r needs."""
