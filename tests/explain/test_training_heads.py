@@ -46,16 +46,17 @@ def test_track_heads_checks_its_arguments(tmp_path):
 
 
 def test_track_heads_command(tmp_path, capsys, monkeypatch):
-    import attnlab.explain.training as training
+    from attnlab.models import PRESETS
 
-    monkeypatch.setitem(training.INDUCTION, "model", SMALL)
-    monkeypatch.setitem(training.INDUCTION, "train",
-                        {**training.INDUCTION["train"], "batch_size": 4, "eval_batches": 1})
+    preset = PRESETS["induction"]
+    monkeypatch.setitem(preset, "model", {**preset["model"], **SMALL})
+    monkeypatch.setitem(preset, "train", {**preset["train"], "batch_size": 4, "eval_batches": 1})
     out, fig = tmp_path / "run", tmp_path / "ind.png"
     rc = main(["track-heads", "--out", str(out), "--max-steps", "4", "--every", "2", "--probe",
                "8", "-o", str(fig)])
     text, err = capsys.readouterr()
     assert rc == 0 and err == "" and "largest induction score" in text
+    assert "at step 0" in text and "s training" in text
     assert fig.read_bytes()[:4] == b"\x89PNG"
     assert [json.loads(x)["step"] for x in (out / "heads.jsonl").read_text().splitlines()] == [
         0, 2, 4]

@@ -1,11 +1,12 @@
 """`attnlab track-heads`: watch induction heads form while a small GPT trains.
 
-Trains the `induction` setting (2 attention layers, 4 heads, 64 wide, 128 characters of context, on
-the bundled corpus) and every --every steps evaluates the head statistics on a fixed
-repeated-random probe (N random characters, then the same N again), writing them to
-DIR/heads.jsonl (one JSON line per evaluation: step, loss, statistics, labels). `-o FIG` draws a
-statistic's per-head curve over training next to the loss; `--plot-only` draws from a finished
-run without training.
+Trains the `induction` preset (2 attention-only layers, 4 heads, 64 wide, rotary positions, 128
+characters of context, on the bundled corpus with half the training windows a stretch of text
+repeated to fill the window; --repeat-prob 0 trains on the plain corpus) and every --every steps
+evaluates the head statistics on a fixed repeated-random probe (N random characters from the
+corpus's frequent ones, then the same N again), writing them to DIR/heads.jsonl (one JSON line per
+evaluation: step, loss, statistics, labels). `-o FIG` draws a statistic's per-head curve over
+training next to the loss; `--plot-only` draws from a finished run without training.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ def add_parser(sub):
     p.add_argument("--out", default="runs/induction", metavar="DIR",
                    help="run directory (default: runs/induction)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",
-                   help="train N steps (default: 1200)")
+                   help="train N steps (default: the preset's 1500)")
     p.add_argument("--every", type=int, default=25, metavar="K",
                    help="evaluate the heads every K steps (default 25)")
     p.add_argument("--probe", type=int, default=32, metavar="N",
                    help="random tokens in each half of the probe (default 32)")
     p.add_argument("--seed", type=int, default=None, help="training seed")
+    p.add_argument("--repeat-prob", type=float, default=None, metavar="P",
+                   help="share of training windows that repeat a stretch of their text (default: "
+                   "the preset's 0.5; 0 for the plain corpus)")
     p.add_argument("--stat", default="induction", metavar="STAT",
                    help="the statistic to draw (default: induction)")
     p.add_argument("-o", "--output", metavar="FIG", help="draw the curves (.png or .svg)")
@@ -36,7 +40,7 @@ def add_parser(sub):
 def run(args) -> int:
     from attnlab.errors import AttnlabError
     from attnlab.explain.head_names import STATS
-    from attnlab.explain.training import INDUCTION, read_heads, track_heads
+    from attnlab.explain.training import induction_summary, read_heads, track_heads
 
     if args.stat not in STATS:
         raise AttnlabError(f"--stat {args.stat!r}: expected one of {', '.join(STATS)}")
@@ -47,17 +51,18 @@ def run(args) -> int:
     if not args.plot_only:
         from attnlab.models import Trainer
 
-        train = dict(INDUCTION["train"])
-        if args.max_steps is not None:
-            train["max_steps"] = args.max_steps
-        if args.seed is not None:
-            train["seed"] = args.seed
-        trainer = Trainer.start("tiny", out=args.out, model_overrides=INDUCTION["model"], **train)
+        given = {"max_steps": args.max_steps, "seed": args.seed, "repeat_prob": args.repeat_prob}
+        train = {k: v for k, v in given.items() if v is not None}
+        trainer = Trainer.start("induction", out=args.out, **train)
         path = track_heads(trainer, every=args.every, probe_n=args.probe)
-        last = read_heads(path)[-1]
-        best = max(v for row in last["stats"]["induction"] for v in row if v is not None)
-        print(f"wrote {path}: step {last['step']}, loss {last['loss']:.3f}, largest induction "
-              f"score {best:.2f}")
+        lines = read_heads(path)
+        s = induction_summary(lines)
+        formed = ("no head reached 0.4" if s["formed_step"] is None else
+                  f"first head at 0.4 at step {s['formed_step']} (loss {s['formed_loss']:.3f})")
+        start = "" if s["chance"] is None else f"; {s['chance']:.2f} at step 0"
+        print(f"wrote {path}: step {lines[-1]['step']}, loss {lines[-1]['loss']:.3f}, "
+              f"{trainer.elapsed_s:.0f} s training; largest induction score {s['max']:.2f} "
+              f"(L{s['head'][0]} H{s['head'][1]}, step {s['max_step']}{start}); {formed}")
     if args.output:
         from attnlab.viz.head_figures import draw_run
 

@@ -2,16 +2,17 @@
 a fixed repeated-random probe every `every` steps, one JSON line per evaluation.
 
     >>> from attnlab.models import Trainer
-    >>> trainer = Trainer.start("tiny", out="runs/ind", **INDUCTION["train"],
-    ...                         model_overrides=INDUCTION["model"])          # doctest: +SKIP
+    >>> trainer = Trainer.start("induction", out="runs/ind")                  # doctest: +SKIP
     >>> track_heads(trainer, every=25)      # runs/ind/heads.jsonl            # doctest: +SKIP
 
 Each line: {"step", "loss" (mean training loss since the previous line; null at step 0), "val_loss"
 (the trainer's last validation, or null), "stats": {name: [[value per head] per layer]},
 "labels"}, statistics as `HeadStats.to_json`. The probe is the same at every step: N seeded
 random token ids, then the same N again (Olsson et al. 2022), so `induction` is the induction
-score. It drives the trainer through its public `run(stop_after=...)`, which also saves the
-checkpoint each time.
+score. The ids are drawn from the characters that make up most of the training text
+(`frequent_ids`): a character seen a handful of times (a digit, "&") has an embedding too little
+trained for any head to match it, and would hide a working induction head. It drives the trainer
+through its public `run(stop_after=...)`, which also saves the checkpoint each time.
 """
 
 from __future__ import annotations
@@ -22,21 +23,31 @@ from pathlib import Path
 from attnlab.errors import AttnlabError
 
 HEADS_FILE = "heads.jsonl"
-
-#: the `induction` setting: 2 layers, small, on the bundled corpus (overrides of "tiny")
-INDUCTION = {
-    "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 128},
-    "train": {"max_steps": 1200, "batch_size": 16, "lr": 3e-3, "min_lr": 3e-4,
-              "warmup_steps": 30, "eval_interval": 200},
-}
+#: the probe draws from the characters that make up this share of the training text: a character
+#: the model has hardly seen (a digit, "&", "Q") has an untrained embedding no head can match
+PROBE_COVERAGE = 0.98
 
 
-def probe_ids(vocab_size: int, n: int, seed: int = 0) -> list[int]:
-    """N seeded random ids in 0..vocab_size-1, then the same N again."""
+def probe_ids(vocab_size: int, n: int, seed: int = 0, *, pool=None) -> list[int]:
+    """N seeded random ids from `pool` (default: all of 0..vocab_size-1), then the same N again."""
     from attnlab.explain.probe import random_tokens
 
-    seq = random_tokens(list(range(vocab_size)), n, seed)
+    seq = random_tokens(list(range(vocab_size)) if pool is None else list(pool), n, seed)
     return seq + seq
+
+
+def frequent_ids(data, *, coverage: float = PROBE_COVERAGE, at_least: int = 1) -> list[int]:
+    """The most frequent ids of `data` (a 1-D tensor of token ids) that together make up
+    `coverage` of it, at least `at_least` of them (fewer only if fewer ids occur), most frequent
+    first."""
+    import torch
+
+    counts = torch.bincount(torch.as_tensor(data).flatten())
+    order = torch.argsort(counts, descending=True, stable=True)
+    share = torch.cumsum(counts[order], 0) / counts.sum()  # share covered by the first k + 1
+    k = int((share < coverage).sum()) + 1
+    k = min(max(k, at_least), int((counts > 0).sum()))
+    return [int(i) for i in order[:k]]
 
 
 def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
@@ -53,7 +64,8 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
         raise AttnlabError(f"probe_n: 2·{probe_n} tokens exceed the block size "
                            f"{model.config.block_size}")
     out = Path(path) if path is not None else Path(trainer.out) / HEADS_FILE
-    ids = probe_ids(model.config.vocab_size, probe_n, seed)
+    pool = frequent_ids(trainer.data.train, at_least=probe_n)
+    ids = probe_ids(model.config.vocab_size, probe_n, seed, pool=pool)
     tokens = [str(i) for i in ids]
 
     def line(loss):
@@ -84,3 +96,30 @@ def read_heads(run) -> list[dict]:
     if not p.is_file():
         raise AttnlabError(f"run: no {HEADS_FILE} in {run} (train with head tracking first)")
     return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line]
+
+
+def induction_summary(lines: list[dict], *, threshold: float = 0.4) -> dict:
+    """What a run's heads.jsonl lines say about induction heads: {"max", "max_step", "head"
+    ((layer, head) of the largest score), "formed_step" (the first step where some head's score
+    reaches `threshold`, the "induction" label's, or None), "formed_loss" (the training loss
+    of that line), "chance" (the largest score at step 0, or None)}."""
+    best = (float("-inf"), None, None)
+    formed = None
+    chance = None
+    for d in lines:
+        scores = [(v, (l, h)) for l, row in enumerate(d["stats"]["induction"])
+                  for h, v in enumerate(row) if v is not None]
+        if not scores:
+            continue
+        top, where = max(scores)
+        if d["step"] == 0:
+            chance = top
+        if top > best[0]:
+            best = (top, d["step"], where)
+        if formed is None and top >= threshold:
+            formed = d
+    if best[1] is None:
+        raise AttnlabError("lines: no induction score in any line")
+    return {"max": best[0], "max_step": best[1], "head": best[2],
+            "formed_step": None if formed is None else formed["step"],
+            "formed_loss": None if formed is None else formed["loss"], "chance": chance}

@@ -26,6 +26,17 @@ PRESETS: dict[str, dict[str, dict]] = {
         "train": {"max_steps": 600, "batch_size": 24, "lr": 3e-3, "min_lr": 3e-4,
                   "warmup_steps": 30, "eval_interval": 100},
     },
+    # induction heads forming (Olsson et al. 2022): 2 attention-only layers (43k parameters),
+    # rotary positions, and half the training windows a stretch of Shakespeare repeated to fill
+    # the window (repeat_prob, see attnlab.models.repeats): the induction score jumps from chance
+    # within a few hundred steps, a few minutes on two CPU cores; validation stays plain text
+    "induction": {
+        "model": {"block_size": 128, "n_layer": 2, "n_head": 4, "n_embd": 64, "rotary": True,
+                  "attn_only": True},
+        "train": {"max_steps": 1500, "batch_size": 16, "lr": 1e-2, "min_lr": 1e-3,
+                  "warmup_steps": 100, "eval_interval": 50, "eval_batches": 4,
+                  "repeat_prob": 0.5},
+    },
     # ~2.7M parameters; about an hour on a laptop CPU
     "small": {
         "model": {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 192, "dropout": 0.1},
@@ -55,6 +66,8 @@ class GPTConfig:
     bias: bool = True
     rotary: bool = False
     rope_base: float = 10000.0
+    #: blocks of attention alone (no MLP): the circuits of Elhage et al. 2021 read off directly
+    attn_only: bool = False
     name: str = "custom"
     head_dim: int = field(init=False)
 
@@ -107,6 +120,9 @@ class TrainConfig:
     seed: int = 1337
     corpus: str = "shakespeare"
     val_fraction: float = 0.1
+    #: the share of training windows made of a stretch of their text repeated to fill them
+    #: (`attnlab.models.repeats`); validation windows stay plain corpus text
+    repeat_prob: float = 0.0
 
     def __post_init__(self):
         for f in ("max_steps", "batch_size", "eval_interval", "eval_batches"):
@@ -116,6 +132,9 @@ class TrainConfig:
         if not 0 < self.min_lr <= self.lr:
             raise AttnlabError(f"lr, min_lr: expected 0 < min_lr <= lr, got {self.lr}, "
                                f"{self.min_lr}")
+        if isinstance(self.repeat_prob, bool) or not 0 <= self.repeat_prob <= 1:
+            raise AttnlabError(f"repeat_prob: expected a probability in [0, 1], got "
+                               f"{self.repeat_prob!r}")
         if not 0 < self.val_fraction < 1:
             raise AttnlabError(f"val_fraction: expected a number in (0, 1), got "
                                f"{self.val_fraction!r}")

@@ -1,7 +1,8 @@
 """A small GPT: token (+ learned position) embeddings, pre-norm blocks of causal self-attention
 and an MLP, a final LayerNorm and a linear head. nanoGPT's shape on attnlab.nn modules.
 
-Positions are learned embeddings, or rotary (config.rotary) applied inside attention.
+Positions are learned embeddings, or rotary (config.rotary) applied inside attention. With
+config.attn_only the blocks have no MLP (and no second LayerNorm): attention-only transformers.
 
 Context parallel: a GPT handed an `attnlab.distributed.ContextParallel` (`GPT(cfg,
 context_parallel=h)` or `model.set_context_parallel(h)`; the model never imports
@@ -44,12 +45,12 @@ class Block(nn.Module):
                                         dropout=cfg.dropout, rotary=cfg.rotary,
                                         rope_base=cfg.rope_base)
         self.drop = nn.Dropout(cfg.dropout)
-        self.ln2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.ln2 = None if cfg.attn_only else nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = None if cfg.attn_only else MLP(cfg)
 
     def forward(self, x, cache=None, record=None, positions=None):
         x = x + self.drop(self.attn(self.ln1(x), cache, record, positions))
-        return x + self.mlp(self.ln2(x))
+        return x if self.mlp is None else x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):

@@ -46,6 +46,7 @@ from attnlab.models.config import GPTConfig, TrainConfig
 from attnlab.models.corpus import load_corpus
 from attnlab.models.gpt import GPT
 from attnlab.models.optimizer_state import load_trainer_tensors, trainer_tensors
+from attnlab.models.repeats import repeat_windows
 from attnlab.models.tokenizer import CharTokenizer
 
 if TYPE_CHECKING:
@@ -177,8 +178,10 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x, y = self._rows(batch(self.data.train, cfg.batch_size, model.config.block_size,
-                                cfg.seed, self.step))
+        xy = batch(self.data.train, cfg.batch_size, model.config.block_size, cfg.seed, self.step)
+        if cfg.repeat_prob > 0:
+            xy = repeat_windows(*xy, prob=cfg.repeat_prob, seed=cfg.seed, index=self.step)
+        x, y = self._rows(xy)
         _, loss = self.forward(x, y)
         value = self._global_loss(loss, with_stop=True)
         if not math.isfinite(value):
