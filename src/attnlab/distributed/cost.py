@@ -15,7 +15,7 @@ a key row is B·Hkv·(D + Dv) elements; c[r][s] = how many of rank s's keys rank
   again + (P−1)·n gradient rows (a) in two reduce-scatters. Otherwise the ring's transfers, all
   at once.
 - ulysses: q, k, v, out and lse each move (P−1)/P of their shard forward in one all-to-all each;
-  their gradients (all but the lse's) the same backward.
+  their gradients the same backward, the lse's only when a loss uses it (not counted here).
 - messages: a send is one; a collective counts P − 1 each way (as `comm` counts them).
 - FLOPs: 2·B·H·(D + Dv) per attended (query, key) pair forward (4·B·H·L·S·D for a full square),
   backward 2.5× that; a FULL tile counts its area, a PARTIAL tile half.
