@@ -145,3 +145,16 @@ def test_train_preset_track_heads_is_well_formed(tmp_path, capsys):
             assert all(v is not None and 0 <= v <= 1 for r in rows for v in r)
         assert len(d["labels"]) == 2 and all(len(r) == 4 for r in d["labels"])
     assert lines[0]["loss"] is None and all(d["loss"] > 0 for d in lines[1:])
+
+
+def test_heads_repeat_random_on_a_checkpoint_draws_its_corpus_frequent_characters(tmp_path):
+    from attnlab.explain.model import load_model
+    from attnlab.explain.probe import repeat_random
+
+    tr = Trainer.start("induction", out=tmp_path / "run", max_steps=1, batch_size=2,
+                       eval_batches=1)
+    tr.run()
+    att = repeat_random(load_model(str(tmp_path / "run")), 40, seed=3)
+    ids = [int(t) for t in att.tokens]
+    assert ids[:40] == ids[40:]
+    assert set(ids) <= set(frequent_ids(tr.data.train, at_least=40))

@@ -12,7 +12,7 @@ def add_parser(sub):
     p = sub.add_parser("train", help="train a small GPT on the bundled Shakespeare corpus",
                        description=__doc__)
     p.add_argument("--preset", default="tiny",
-                   help="model and training preset: tiny (default), tiny-gqa, small")
+                   help="model and training preset: tiny (default), tiny-gqa, small, induction")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",
                    help="train until step N (default: the preset's)")
     p.add_argument("--out", default=None, metavar="DIR",

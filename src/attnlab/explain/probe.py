@@ -5,7 +5,9 @@
 
 Random tokens are drawn (seeded, without replacement while the vocabulary allows) from the
 model's ordinary tokens: special tokens and bracketed placeholders ([unused7]) are never drawn,
-and nothing is put between the two copies; a Hugging Face tokenizer adds its usual framing
+and for a checkpoint attnlab trained only the characters that make up most of its corpus (a
+character it saw a handful of times has an untrained embedding no head can match); nothing is
+put between the two copies; a Hugging Face tokenizer adds its usual framing
 ([CLS] … [SEP]) around the whole sequence. Runs the model like `run_model` (float64 weights).
 """
 
@@ -45,11 +47,38 @@ def _run_gpt(loaded, n: int, seed: int):
     if 2 * n > config.block_size:
         raise AttnlabError(f"--repeat-random {n}: 2·{n} tokens exceed {loaded.name}'s block "
                            f"size {config.block_size}")
-    seq = random_tokens(list(range(config.vocab_size)), n, seed)
+    seq = random_tokens(_trained_ids(loaded, n), n, seed)
     att = capture_attention(loaded.model, seq + seq, loaded.tokenizer)
     att.tokens = [str(i) for i in seq + seq]  # ids: characters such as "\n" print badly
     att.model_name = loaded.name
     return att
+
+
+def _trained_ids(loaded, n: int) -> list[int]:
+    """The ids of the characters that make up most of the corpus the checkpoint was trained on
+    (`frequent_ids`, at least n); every id when the checkpoint names no corpus."""
+    import json
+    from pathlib import Path
+
+    from attnlab.explain.training import frequent_ids
+
+    vocab = loaded.model.config.vocab_size
+    try:
+        doc = json.loads((Path(loaded.path) / "attnlab.json").read_text(encoding="utf-8"))
+        corpus = (doc.get("train") or {}).get("corpus")
+    except (OSError, ValueError, AttributeError):
+        corpus = None
+    if not isinstance(corpus, str):
+        return list(range(vocab))
+    import torch
+
+    from attnlab.models.corpus import load_corpus
+
+    try:
+        ids = loaded.tokenizer.encode(load_corpus(corpus))
+    except (AttnlabError, KeyError, ValueError):  # another corpus or tokenizer than it names
+        return list(range(vocab))
+    return frequent_ids(torch.tensor(ids), at_least=n)
 
 
 def _framed(tok, body: list[int]) -> list[int]:
