@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from attnlab.errors import AttnlabError
-from attnlab.viz.page import json_for_script, page_html, write_page
+from attnlab.viz.html_doc import json_for_script
+from attnlab.viz.page import page_html, write_page
 from attnlab.viz.payload import payload
 from viz.fakes import XSS, fake_capture
 

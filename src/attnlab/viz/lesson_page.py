@@ -13,8 +13,6 @@ Content-Security-Policy that allows only the script's SHA-256 and no requests at
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import html
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import numpy as np
 
 from attnlab.errors import AttnlabError
 from attnlab.explain.lesson import CAUSAL_TOKENS, build_lesson
-from attnlab.viz.page import _fill, asset, json_for_script
+from attnlab.viz.html_doc import asset, document, policy
 
 # How each check-yourself question is answered by interacting: a question to try first (choices,
 # the first one listed right), and where it has one, a task on the page whose success also opens the
@@ -144,19 +142,14 @@ def lesson_data() -> dict:
 
 def lesson_csp() -> str:
     """The page's policy: exactly its inline script, inline style, and no requests of any kind."""
-    digest = hashlib.sha256(asset("lesson.js").encode("utf-8")).digest()
-    script = "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
-    return (f"default-src 'none'; script-src {script}; style-src 'unsafe-inline'; "
-            f"img-src data: blob:; connect-src 'none'; base-uri 'none'; form-action 'none'")
+    return policy(asset("lesson.js"))
 
 
 def lesson_html() -> str:
     """The whole page as one string."""
-    data = (f'<script type="application/json" id="lesson-data">'
-            f"{json_for_script(lesson_data())}</script>\n")
-    return _fill(asset("lesson.html"), {"csp": html.escape(lesson_csp()),
-                                        "css": asset("lesson.css"), "data": data,
-                                        "js": asset("lesson.js")})
+    return document(title="attnlab: attention, explorable", css=asset("lesson.css"),
+                    js=asset("lesson.js"), body=asset("lesson.html"),
+                    data=("lesson-data", lesson_data()))
 
 
 def write_lesson_page(path) -> Path:

@@ -8,17 +8,11 @@ request, and any script an injected token might smuggle in. The web app serves t
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import html
-import json
-import re
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnlab.errors import AttnlabError
+from attnlab.viz.html_doc import asset, document, fill, policy
 from attnlab.viz.payload import payload
 
 if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
@@ -35,32 +29,13 @@ _APP_FORM = """<form id="ask" autocomplete="off">
 """
 
 
-@cache
-def asset(name: str) -> str:
-    return resources.files("attnlab.viz").joinpath("assets", name).read_text(encoding="utf-8")
-
-
-def script_hash() -> str:
-    """The CSP source that allows exactly our inline script."""
-    digest = hashlib.sha256(asset("attn.js").encode("utf-8")).digest()
-    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
-
-
 def csp(app: bool = False) -> str:
-    connect = "'self'" if app else "'none'"
-    return (f"default-src 'none'; script-src {script_hash()}; style-src 'unsafe-inline'; "
-            f"img-src data: blob:; connect-src {connect}; base-uri 'none'; form-action 'none'")
+    """The page's policy: its one script, and no requests (the app's page: its own origin)."""
+    return policy(asset("attn.js"), _connect(app))
 
 
-def json_for_script(obj) -> str:
-    """JSON safe inside <script>: no `</script>`, `<!--` or `&` can end or confuse the block."""
-    s = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _fill(template: str, parts: dict[str, str]) -> str:
-    # one pass, so text inside a part (a token "{js}") is never substituted again
-    return re.sub(r"\{(\w+)\}", lambda m: parts[m.group(1)], template)
+def _connect(app: bool) -> str:
+    return "'self'" if app else "'none'"
 
 
 THEMES = ("light", "dark")
@@ -76,19 +51,16 @@ def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bo
         raise AttnlabError(f'theme: expected "light" or "dark", got {theme!r}')
     if ma is not None:
         data = payload(ma, text)
-    script = title = ""
+    title = ""
     if data is not None:
-        script = (f'<script type="application/json" id="attn-data">'
-                  f"{json_for_script(data)}</script>\n")
         title = text or " ".join((data["sets"][0] if "sets" in data else data)["tokens"])
     title = f"attnlab: {title}" if title else "attnlab"
-    return _fill(asset("page.html"), {
-        "csp": html.escape(csp(app)), "title": html.escape(title[:120]), "css": asset("attn.css"),
-        "mode": "app" if app else "page", "form": _APP_FORM if app else "", "data": script,
-        "theme": theme,
-        "js": asset("attn.js"),
-        "open": html.escape("&".join(f"{k}={v}" for k, v in (opening or {}).items())),
-    })
+    return document(
+        title=title[:120], css=asset("attn.css"), js=asset("attn.js"),
+        body=fill(asset("page.html"), {"form": _APP_FORM if app else ""}),
+        attrs={"data-mode": "app" if app else "page", "data-theme": theme,
+               "data-open": "&".join(f"{k}={v}" for k, v in (opening or {}).items())},
+        data=None if data is None else ("attn-data", data), connect=_connect(app))
 
 
 def write_page(ma: ModelAttention, path, text: str | None = None) -> Path:
