@@ -46,7 +46,7 @@ def modify(s: torch.Tensor, *, softcap: float | None = None, slopes: torch.Tenso
     inplace = not (torch.is_grad_enabled() and s.requires_grad)
     t = None
     if softcap is not None:
-        t = torch.tanh(s / softcap)
+        t = s.div_(softcap).tanh_() if inplace else torch.tanh(s / softcap)
         s = t * softcap
     if slopes is not None:
         rel = cols.to(s.dtype)[None, :] - rows.to(s.dtype)[:, None]  # (R, C): j - i

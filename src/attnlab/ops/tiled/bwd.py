@@ -80,16 +80,17 @@ def _pure_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen
             alive = alive_columns(st, allowed)
             kc, vc = torch.where(alive, kc, 0.0), torch.where(alive, vc, 0.0)
         s, t = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
-        p = torch.exp(s - lse_b)
-        dp = dob @ vc.transpose(1, 2)  # (N, G·bq, Dv) @ (N, Dv, ck) -> (N, G·bq, ck)
+        p = s.sub_(lse_b).exp_()  # the weights, in place of the scores
+        dp = torch.bmm(dob, vc.transpose(1, 2))  # (N, G·bq, Dv) @ (N, Dv, ck) -> (N, G·bq, ck)
         pz = p
         if gen is not None:
             z = dropout_keep(st, gen, p.shape, qb.device)
             pz, dp = p * z, dp * z
-        dv3[:, ch.k0:ch.k1] += pz.transpose(1, 2) @ dob  # (N, ck, G·bq) @ (N, G·bq, Dv)
-        ds = p * (dp - delta)  # (N, G·bq, ck)
+        dv3[:, ch.k0:ch.k1].baddbmm_(pz.transpose(1, 2), dob)  # (N, ck, G·bq) @ (N, G·bq, Dv)
+        ds = dp.sub_(delta).mul_(p)  # (N, G·bq, ck): P · (dP - δ), in place of dP
         if t is not None:
-            ds = ds * (1.0 - t * t)  # d(softcap·tanh(x/softcap))/dx
-        dqb += ds @ kc  # (N, G·bq, ck) @ (N, ck, D) -> (N, G·bq, D)
-        dk3[:, ch.k0:ch.k1] += (ds.transpose(1, 2) @ qb) * st.scale  # (N, ck, G·bq) @ (N, G·bq, D)
+            ds.mul_(t.mul_(t).neg_().add_(1.0))  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
+        dqb.baddbmm_(ds, kc)  # (N, G·bq, ck) @ (N, ck, D) -> (N, G·bq, D)
+        # (N, ck, G·bq) @ (N, G·bq, D) -> (N, ck, D), times the scale
+        dk3[:, ch.k0:ch.k1].baddbmm_(ds.transpose(1, 2), qb, alpha=st.scale)
     return (dqb * st.scale).view(st.B, st.Hkv, G, bq, D)  # (N, G·bq, D) -> 5-D
