@@ -90,6 +90,13 @@ def _positions(name: str, ids, n: int, what: str) -> list[int] | None:
     return picked
 
 
+def _none_if_empty(ids):
+    """bertviz's `heads`: an empty list, like None, shows every head."""
+    if hasattr(ids, "__len__") and not isinstance(ids, (str, bytes)) and len(ids) == 0:
+        return None
+    return ids
+
+
 def _select(ma, layers: list[int] | None, heads: list[int] | None):
     """The capture narrowed to those layers and heads, in that order."""
     from dataclasses import replace
@@ -174,10 +181,11 @@ def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer
         ma = _select(ma, lids, hids)
         if layer is not None and "layer" not in opening:
             opening["layer"] = _opening_index("layer", layer, lids, ma.n_layers, "layers")
-        if heads is not None and "head" not in opening:  # bertviz's selected heads: the first
-            picked = [check_index("heads", h, ma.n_heads, "heads") for h in heads]
+        if view == "head" and "heads" not in opening:  # bertviz: the heads shown (None: all)
+            picked = _positions("heads", _none_if_empty(heads), ma.n_heads, "heads")
             if picked:
                 opening["head"] = picked[0]
+            opening["heads"] = ",".join(map(str, picked)) if picked else "all"
         sets.append((name, payload(ma, layer_ids=lids, head_ids=hids)))
     choices = None
     if sentence_b_start is not None and attention is not None:
@@ -206,15 +214,18 @@ def head_view(attention=None, tokens=None, sentence_b_start=None, prettify_token
               layer=None, heads=None, encoder_attention=None, decoder_attention=None,
               cross_attention=None, encoder_tokens=None, decoder_tokens=None,
               include_layers=None, html_action="view"):
-    """bertviz's `head_view` on attnlab's page: one layer's heads, query tokens to key tokens.
+    """bertviz's `head_view` on attnlab's page: one layer's heads overlaid, query tokens to key
+    tokens.
 
     `attention` is the per-layer tuple of (batch, heads, L, S) tensors from
     `output_attentions=True` (batch 0 is shown) or a ModelAttention; `tokens` the L tokens.
     Encoder-decoder models pass `encoder_attention` / `decoder_attention` / `cross_attention`
     (decoder x encoder tokens) and `encoder_tokens` / `decoder_tokens`: the page's "attention"
     list chooses Encoder, Decoder or Cross. `layer` (the model's layer number, one of
-    `include_layers` when given) and `heads` (the first one) choose what opens; `include_layers`
-    keeps those layers; `sentence_b_start` (where sentence B begins) adds bertviz's filter: All,
+    `include_layers` when given) is the layer that opens; `heads` the heads drawn at once, each
+    in its colour (None: every head; a click on a head's square shows or hides it, a
+    double-click shows it alone), the first one giving the numbers; `include_layers` keeps those
+    layers; `sentence_b_start` (where sentence B begins) adds bertviz's filter: All,
     Sentence A → Sentence A, B → B, A → B, B → A. `html_action="view"` shows it in the notebook,
     `"return"` returns an object whose `.data` is the page's HTML.
     """

@@ -55,7 +55,7 @@ def test_cross_attention_draws_decoder_tokens_to_encoder_tokens(open_page, tmp_p
     dec = ["<pad>", "le", "chat"]
     obj = viz.head_view(encoder_attention=_attentions(1),
                         decoder_attention=_attentions(2, True, 3, 3), cross_attention=cross,
-                        encoder_tokens=TOKENS, decoder_tokens=dec, layer=1,
+                        encoder_tokens=TOKENS, decoder_tokens=dec, layer=1, heads=[0],
                         html_action="return")
     page, watch = _open(open_page, tmp_path, obj)
     page.wait_for_selector("#drawing .link", state="attached")
@@ -78,7 +78,7 @@ def test_cross_attention_draws_decoder_tokens_to_encoder_tokens(open_page, tmp_p
 def test_sentence_filter_draws_only_that_block(open_page, tmp_path):
     toks = ["[CLS]", "the", "cat", "[SEP]", "it", "slept", "[SEP]"]
     att = _attentions(4, L=7, S=7)
-    obj = viz.head_view(att, toks, sentence_b_start=4, html_action="return")
+    obj = viz.head_view(att, toks, sentence_b_start=4, heads=[0], html_action="return")
     page, watch = _open(open_page, tmp_path, obj)
     page.wait_for_selector("#drawing .link", state="attached")
     assert texts(page, "#filter option") == [

@@ -146,7 +146,7 @@ def test_sentence_b_start_adds_bertvizs_filter():
     att = _bert(len(TOKENS))
     page = viz.head_view(att, TOKENS, layer=1, heads=[2], sentence_b_start=5,
                          html_action="return")
-    assert _opening(page.data) == "view=head&amp;layer=1&amp;head=2&amp;token=5"
+    assert _opening(page.data) == "view=head&amp;layer=1&amp;head=2&amp;heads=2&amp;token=5"
     doc = _payload(page.data)
     np.testing.assert_allclose(_weights(doc["sets"][0]), torch.stack([a[0] for a in att]),
                                atol=1e-6)  # one copy of the weights: the filter is a block
@@ -158,6 +158,22 @@ def test_sentence_b_start_adds_bertvizs_filter():
                    ("Sentence B → Sentence A", [5, 8], [0, 5])]
     with pytest.raises(AttnlabError, match=r"^sentence_b_start: expected 1..7"):
         viz.head_view(att, TOKENS, sentence_b_start=8, html_action="return")
+
+
+def test_heads_are_the_heads_drawn_first():
+    torch.manual_seed(0)
+    att = tuple(torch.randn(2, 1, 4, 3, 3).softmax(-1))  # (layers, batch, H, L, S)
+    toks = ["a", "b", "c"]
+    opening = lambda **kw: _opening(viz.head_view(att, toks, html_action="return", **kw).data)  # noqa: E731
+    assert opening() == "view=head&amp;heads=all"  # bertviz: every head
+    assert opening(heads=[]) == "view=head&amp;heads=all"
+    assert opening(heads=[3, 1]) == "view=head&amp;head=3&amp;heads=3,1"
+    assert opening(heads=torch.tensor([-1])) == "view=head&amp;head=3&amp;heads=3"
+    assert "heads" not in _opening(viz.model_view(att, toks, html_action="return").data)
+    with pytest.raises(AttnlabError, match=r"^heads: expected 0..3"):
+        opening(heads=[1, 4])
+    with pytest.raises(AttnlabError, match=r"^heads: expected a list"):
+        opening(heads=2)
 
 
 def test_display_mode_colours_the_page():

@@ -4,19 +4,25 @@
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif";
-  var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#e6550d", "#8c564b",
-                 "#d6338a", "#138d90", "#7a7a00", "#555555", "#393b79", "#ad494a"];
   // matrix "rollout": the head view shows rollout. sets: the page's captures (encoder, decoder,
   // cross); choices: its "attention" list, each a capture and a block [rows) x [cols) of it
-  var state = { data: null, layer: 0, head: 0, token: 0, view: "head", pinned: null,
-                stat: "prev", matrix: null, sets: [], choices: [], choice: 0,
+  // head: the head whose numbers the views show (the "head" list); heads: the heads the head view
+  // overlays, each in its colour (head is one of them), "all" until the data says how many
+  var state = { data: null, layer: 0, head: 0, heads: null, token: 0, view: "head",
+                pinned: null, stat: "prev", matrix: null, sets: [], choices: [], choice: 0,
                 rows: [0, 0], cols: [0, 0] };
-  // display_mode: the drawing's colours; ramp = weight 0 -> 1 (the heatmaps' colour scale)
+  // display_mode: the drawing's colours; ramp = weight 0 -> 1 (the heatmaps' colour scale);
+  // palette: a colour per head (by the model's head number), the same hues in both themes, each
+  // at least 3:1 against the theme's background (WCAG's contrast for lines and marks)
   var THEMES = {
     light: { bg: "#fff", text: "#222", muted: "#555", faint: "#aaa", frame: "#999",
-             masked: [200, 200, 200], lo: [255, 255, 255], hi: [8, 48, 107] },
+             masked: [200, 200, 200], lo: [255, 255, 255], hi: [8, 48, 107],
+             palette: ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#e6550d", "#8c564b",
+                       "#d6338a", "#138d90", "#7a7a00", "#555555", "#393b79", "#ad494a"] },
     dark: { bg: "#000", text: "#ccc", muted: "#999", faint: "#555", frame: "#555",
-            masked: [64, 64, 64], lo: [0, 0, 0], hi: [120, 190, 255] }
+            masked: [64, 64, 64], lo: [0, 0, 0], hi: [120, 190, 255],
+            palette: ["#6fb3ff", "#ff6b6b", "#6ee06e", "#c8a2ff", "#ff9a4d", "#d9a07f",
+                      "#ff85c8", "#40d8d8", "#e0e060", "#bdbdbd", "#9ea8ff", "#ffb3a0"] }
   };
   function theme() { return THEMES[document.body.getAttribute("data-theme")] || THEMES.light; }
   function ramp(w) {
@@ -25,6 +31,10 @@
   }
   function onRamp(w) {  // text colour readable on ramp(w)
     return (w > 0.6) === (theme() === THEMES.light) ? "#fff" : "#111";
+  }
+  function headColor(h) {
+    var p = theme().palette;
+    return p[state.data.headIds[h] % p.length];
   }
   function rgb(c) { return "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")"; }
 
@@ -128,39 +138,118 @@
   }
 
   // ---- head view: each query token (left) to the key tokens it borrows from (right), opacity =
-  // weight; only the chosen block of rows x columns (bertviz's sentence filter) is drawn
+  // weight; several heads at once, each in its colour (bertviz's head view), chosen with a row of
+  // coloured squares; the percentages and the readout give one head's numbers (state.head); only
+  // the chosen block of rows x columns (bertviz's sentence filter) is drawn
+  var SQUARE = 20, SQUARE_GAP = 4;
+  function toggleHead(h) {  // a click: show or hide one head; the last one shown stays
+    var at = state.heads.indexOf(h);
+    if (at >= 0 && state.heads.length === 1) return;
+    if (at >= 0) {
+      state.heads.splice(at, 1);
+      if (state.head === h) state.head = state.heads[0];
+    } else {
+      state.heads.push(h);
+      state.heads.sort(function (a, b) { return a - b; });
+      state.head = h;
+    }
+  }
+  function soloHead(h) {  // a double-click: that head alone; on the only head shown: every head
+    if (state.heads.length === 1 && state.heads[0] === h) state.heads = range(state.data.n_heads);
+    else state.heads = [h];
+    state.head = h;
+  }
   function drawHead() {
-    var d = state.data, l = state.layer, h = state.head, rowH = 22, top = 34;
+    var d = state.data, l = state.layer, rowH = 22, rollout = state.matrix === "rollout";
     var r0 = state.rows[0], r1 = state.rows[1], c0 = state.cols[0], c1 = state.cols[1];
     var colW = 16 + 8 * Math.max(longestOf(d.qTok.slice(r0, r1)), longestOf(d.kTok.slice(c0, c1)));
     var pctW = 58, gap = 240, xL = pctW + colW, xR = xL + gap;
     var width = Math.max(560, xR + colW + pctW);  // the caption fits
+    var perRow = Math.floor((width - 20) / (SQUARE + SQUARE_GAP));
+    var top = 34 + (rollout ? 0 : Math.ceil(d.n_heads / perRow) * (SQUARE + SQUARE_GAP) + 6);
     var height = top + rowH * Math.max(r1 - r0, c1 - c0) + 10;
     var svg = newDrawing(width, height);
     svg.setAttribute("data-matrix", state.matrix || "head");
-    svg.appendChild(label(10, 20, state.matrix === "rollout" ?
-                          "attention rollout through every layer (heads averaged): where each " +
-                          "token (left) came from (right); line opacity = share" :
-                          names(l, h) + ": each token (left) borrows from " +
-                          "(right); line opacity = weight", { "font-size": 12, fill: theme().muted }));
-    var color = PALETTE[d.headIds[h] % PALETTE.length], links = el("g", { "class": "links" });
-    var byQuery = {}, byKey = {};
-    for (var i = r0; i < r1; i++) byQuery[i] = [];
-    for (var j = c0; j < c1; j++) byKey[j] = [];
-    for (i = r0; i < r1; i++) {
-      for (j = c0; j < c1; j++) {
-        var w = shown(l, h, i, j);
-        if (!allowed(i, j, l) || w < 0.002) continue;  // invisible anyway; keeps the page light
-        var line = el("line", { "class": "link", x1: xL + 6, y1: top + rowH * (i - r0) + 11,
-                                x2: xR - 6, y2: top + rowH * (j - c0) + 11, stroke: color,
-                                "stroke-width": 2, "stroke-opacity": w.toFixed(4),
-                                "data-i": i, "data-j": j });
-        links.appendChild(line);
-        byQuery[i].push(line);
-        byKey[j].push(line);
-      }
-    }
+    var caption = label(10, 20, "", { "font-size": 12, fill: theme().muted, "class": "caption" });
+    svg.appendChild(caption);
+    var links = el("g", { "class": "links" }), byQuery, byKey, squares = [];
     svg.appendChild(links);
+    function drawn() { return rollout ? [state.head] : state.heads; }
+    // every shown head's lines, opacity = weight / heads shown (bertviz: where n heads' lines
+    // overlap they add up to about their mean weight); one token's lines alone: opacity = weight
+    function drawLinks() {
+      while (links.firstChild) links.removeChild(links.firstChild);
+      byQuery = {};
+      byKey = {};
+      for (var i = r0; i < r1; i++) byQuery[i] = [];
+      for (var j = c0; j < c1; j++) byKey[j] = [];
+      var heads = drawn(), n = heads.length;
+      heads.forEach(function (h) {
+        var g = el("g", { "class": "head-links", "data-h": h }), color = headColor(h);
+        for (var i = r0; i < r1; i++) {
+          for (var j = c0; j < c1; j++) {
+            var w = shown(l, h, i, j);
+            if (!allowed(i, j, l) || w < 0.002) continue;  // invisible anyway; keeps the page light
+            var line = el("line", { "class": "link", x1: xL + 6, y1: top + rowH * (i - r0) + 11,
+                                    x2: xR - 6, y2: top + rowH * (j - c0) + 11, stroke: color,
+                                    "stroke-width": 2, "stroke-opacity": (w / n).toFixed(4),
+                                    "data-i": i, "data-j": j, "data-h": h,
+                                    "data-w": w.toFixed(6) });
+            g.appendChild(line);
+            byQuery[i].push(line);
+            byKey[j].push(line);
+          }
+        }
+        links.appendChild(g);
+      });
+      svg.setAttribute("data-heads", heads.join(","));
+      svg.setAttribute("data-head", state.head);
+      $("head").value = String(state.head);
+      caption.textContent = rollout ?
+        "attention rollout through every layer (heads averaged): where each token (left) came " +
+        "from (right); line opacity = share" :
+        (n > 1 ? "layer " + d.layerIds[l] + ", heads " + heads.map(function (h) {
+          return d.headIds[h]; }).join(", ") : names(l, heads[0])) +
+        ": each token (left) borrows from (right); line opacity = weight" +
+        (n > 1 ? " \u00f7 " + n + " (a hovered token's: weight)" : "");
+    }
+    function drawSquares() {  // click: show / hide a head; double-click: that head alone
+      var g = el("g", { "class": "head-squares", role: "group", "aria-label": "heads shown" });
+      range(d.n_heads).forEach(function (h) {
+        var x = 10 + (h % perRow) * (SQUARE + SQUARE_GAP);
+        var y = 30 + Math.floor(h / perRow) * (SQUARE + SQUARE_GAP);
+        var s = el("g", { "class": "head-square", "data-head": h, role: "button", tabindex: 0,
+                          cursor: "pointer" });
+        s.appendChild(el("rect", { x: x + 1, y: y + 1, width: SQUARE - 2, height: SQUARE - 2,
+                                   "stroke-width": 2 }));
+        s.appendChild(label(x + SQUARE / 2, y + 14, String(d.headIds[h]),
+                            { "text-anchor": "middle", "font-size": 10 }));
+        s.appendChild(el("title", {}, "head " + d.headIds[h] + ": click shows or hides it, " +
+                         "double-click shows it alone (again: every head)"));
+        function act(change) { change(h); drawLinks(); paintSquares(); reset(); }
+        s.addEventListener("click", act.bind(null, toggleHead));
+        s.addEventListener("dblclick", act.bind(null, soloHead));
+        s.addEventListener("keydown", function (ev) {
+          if (ev.key !== "Enter" && ev.key !== " ") return;
+          ev.preventDefault();
+          act(toggleHead);
+        });
+        squares.push(s);
+        g.appendChild(s);
+      });
+      svg.appendChild(g);
+    }
+    function paintSquares() {  // filled: shown; outlined: hidden; framed in text colour: state.head
+      squares.forEach(function (s, h) {
+        var on = state.heads.indexOf(h) >= 0, color = headColor(h);
+        s.setAttribute("aria-pressed", String(on));
+        s.setAttribute("data-shown", String(on));
+        var r = s.querySelector("rect");
+        r.setAttribute("fill", on ? color : theme().bg);
+        r.setAttribute("stroke", h === state.head ? theme().text : color);
+        s.querySelector("text").setAttribute("fill", on ? theme().bg : color);
+      });
+    }
     var qPct = {}, kPct = {};
     function side(isQuery) {
       var g = el("g", { "class": isQuery ? "queries" : "keys" });
@@ -174,8 +263,7 @@
         tg.appendChild(label(isQuery ? xL - 4 : xR + 4, y + 15, short(toks[t], 18),
                              { "text-anchor": isQuery ? "end" : "start" }));
         tg.appendChild(el("title", {}, toks[t]));
-        var p = label(isQuery ? 4 : xR + colW + 4, y + 15, "",
-                      { "class": "pct", "font-size": 12, fill: color });
+        var p = label(isQuery ? 4 : xR + colW + 4, y + 15, "", { "class": "pct", "font-size": 12 });
         (isQuery ? qPct : kPct)[t] = p;
         g.appendChild(p);
         g.appendChild(tg);
@@ -184,23 +272,36 @@
       svg.appendChild(g);
     }
     function clearPct() {
-      [qPct, kPct].forEach(function (o) { for (var t in o) o[t].textContent = ""; });
+      var color = headColor(state.head);
+      [qPct, kPct].forEach(function (o) {
+        for (var t in o) { o[t].textContent = ""; o[t].setAttribute("fill", color); }
+      });
     }
     function isolate(lines) {
       links.querySelectorAll(".link").forEach(function (x) { x.setAttribute("display", "none"); });
-      lines.forEach(function (x) { x.removeAttribute("display"); });
+      lines.forEach(function (x) {
+        x.removeAttribute("display");
+        x.setAttribute("stroke-opacity", x.getAttribute("data-w"));
+      });
     }
     function reset() {
-      links.querySelectorAll(".link").forEach(function (x) { x.removeAttribute("display"); });
+      var n = drawn().length;
+      links.querySelectorAll(".link").forEach(function (x) {
+        x.removeAttribute("display");
+        x.setAttribute("stroke-opacity", (+x.getAttribute("data-w") / n).toFixed(4));
+      });
       clearPct();
-      readout("Hover a token to see its weights; click one on the left to pin it.");
+      readout("Hover a token to see its weights; click one on the left to pin it." +
+              (rollout ? "" : " Click a coloured square to show or hide a head, double-click " +
+                              "it to show that head alone."));
       svg.querySelectorAll(".tok.q").forEach(function (x) {
         x.querySelector("text").setAttribute(
           "font-weight", +x.getAttribute("data-index") === state.pinned ? "bold" : "normal");
       });
       if (state.pinned != null && state.pinned >= r0 && state.pinned < r1) focus(state.pinned, true);
     }
-    function focus(t, isQuery) {
+    function focus(t, isQuery) {  // that token's lines of every shown head; state.head's numbers
+      var h = state.head;
       isolate(isQuery ? byQuery[t] : byKey[t]);
       clearPct();
       var ranked = [], a = isQuery ? c0 : r0, b = isQuery ? c1 : r1;
@@ -216,7 +317,9 @@
         return "\u201c" + other[r[1]] + "\u201d " + pct(r[0]);
       }).join(", ");
       readout("\u201c" + (isQuery ? d.qTok : d.kTok)[t] + "\u201d " +
-              (isQuery ? "borrows from: " : "is borrowed by: ") + top5);
+              (isQuery ? "borrows from: " : "is borrowed by: ") + top5 +
+              (drawn().length > 1 ? "  (head " + d.headIds[h] + "; the lines: every head shown)" :
+               ""));
     }
     function hookToken(tg, t, isQuery) {
       tg.addEventListener("mouseenter", function () { focus(t, isQuery); });
@@ -227,6 +330,11 @@
         setToken(t);
         reset();
       });
+    }
+    drawLinks();
+    if (!rollout) {
+      drawSquares();
+      paintSquares();
     }
     side(true);
     side(false);
@@ -301,6 +409,7 @@
     state.matrix = null;
     state.layer = l;
     state.head = h;
+    state.heads = [h];
     state.view = "head";
     render();
   }
@@ -492,6 +601,12 @@
     if (!d.R) state.matrix = null;
     state.layer = Math.min(state.layer, d.n_layers - 1);
     state.head = Math.min(state.head, d.n_heads - 1);
+    state.heads = state.heads === "all" ? range(d.n_heads) :
+      (state.heads || [state.head]).filter(function (h, k, all) {
+        return h < d.n_heads && all.indexOf(h) === k;
+      }).sort(function (a, b) { return a - b; });
+    if (!state.heads.length) state.heads = [state.head];
+    if (state.heads.indexOf(state.head) < 0) state.head = state.heads[0];
     state.token = Math.min(state.token, d.L - 1);
     fill($("layer"), d.n_layers, function (l) { return String(d.layerIds[l]); });
     fill($("head"), d.n_heads, function (h) { return String(d.headIds[h]); });
@@ -584,7 +699,7 @@
       state.layer = +this.value; state.matrix = null; render();
     });
     $("head").addEventListener("change", function () {
-      state.head = +this.value; state.matrix = null; render();
+      state.head = +this.value; state.heads = [state.head]; state.matrix = null; render();
     });
     $("token").addEventListener("change", function () { state.token = +this.value; render(); });
     $("stat").addEventListener("change", function () { state.stat = this.value; render(); });
@@ -594,16 +709,20 @@
     });
     $("export-png").addEventListener("click", exportPNG);
     $("export-svg").addEventListener("click", exportSVG);
-    // a link can open a given state: page.html#view=step&layer=2&head=8&token=8 (pin=8 pins);
-    // the page itself can say where it opens (data-open, same syntax), the link overrides it
+    // a link can open a given state: page.html#view=step&layer=2&head=8&token=8 (pin=8 pins;
+    // heads=2,5 or heads=all: the heads the head view overlays); the page itself can say where it
+    // opens (data-open, same syntax), the link overrides it
     var opening = (document.body.getAttribute("data-open") || "") + "&" + location.hash.slice(1);
     opening.split("&").forEach(function (kv) {
       var k = kv.split("=")[0], v = kv.split("=")[1];
       if (k === "view" && ["head", "model", "step", "heads"].indexOf(v) >= 0) state.view = v;
       else if (k === "stat" && /^[a-z_]+$/.test(v)) state.stat = v;
       else if (k === "matrix" && v === "rollout") state.matrix = v;
-      else if (["layer", "head", "token", "pin", "choice"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
+      else if (k === "heads" && /^(all|\d+(,\d+)*)$/.test(v)) {
+        state.heads = v === "all" ? v : v.split(",").map(Number);
+      } else if (["layer", "head", "token", "pin", "choice"].indexOf(k) >= 0 && /^\d+$/.test(v)) {
         state[k === "pin" ? "pinned" : k] = +v;
+        if (k === "head") state.heads = [+v];  // that head alone, unless a later heads= says more
       }
     });
     if (state.pinned != null && !/token=/.test(opening)) state.token = state.pinned;
