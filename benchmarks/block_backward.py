@@ -25,7 +25,9 @@ from attnlab.ops import fused_cpu, scores
 
 def before_block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
     """The route the blocks took before: PyTorch's flash backward on the whole block for equal
-    heads without softcap or lse gradient, else `plain_block_backward`."""
+    heads without softcap or lse gradient, else `plain_block_backward`; both after the same
+    zeroing of dead rows and keys as now."""
+    q, k, v = blocks._sanitize(q, k, v, allowed)
     if q.shape[1] == k.shape[1] and softcap is None and not bool(dlse.any()):
         bias = None
         if allowed is not None:

@@ -1,13 +1,14 @@
 """The block backward from a given global out and lse (and their gradients): each key block's
 dk, dv and share of dq equal float64 autograd of the whole attention, for MHA, GQA, MQA, softcap,
 an lse gradient and masked blocks with rows that attend nothing (and NaN in keys no row attends);
-every block runs on the tiled backward (grouped heads without a copy of k/v per head)."""
+equal heads run one flash-kernel call per block (an lse gradient included), grouped heads and
+softcap the tiled backward (no copy of k/v per head), never a plain whole-block path."""
 
 import pytest
 import torch
 
 from attnlab.distributed import blocks
-from attnlab.ops import tiled
+from attnlab.ops import fused_cpu, tiled
 
 NEG = float("-inf")
 
@@ -26,10 +27,13 @@ def _whole(q, k, v, allowed, scale, softcap):
     return w @ v.repeat_interleave(G, 1), torch.where(alive, lse, NEG).squeeze(-1)
 
 
+CASES = [(Hkv, softcap, with_dlse) for Hkv in (4, 2, 1) for softcap in (None, 3.0)
+         for with_dlse in (False, True)
+         if not (Hkv == 4 and softcap is None and not with_dlse)]  # that one: test_exact's
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("Hkv", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("softcap", [None, 3.0])
-@pytest.mark.parametrize("with_dlse", [False, True])
+@pytest.mark.parametrize("Hkv,softcap,with_dlse", CASES)
 def test_blocks_add_up_to_the_whole_backward(dtype, Hkv, softcap, with_dlse, monkeypatch):
     g = torch.Generator().manual_seed(3)
     B, H, L, S, D, cut, scale = 2, 4, 7, 12, 16, 5, 0.25
@@ -45,9 +49,12 @@ def test_blocks_add_up_to_the_whole_backward(dtype, Hkv, softcap, with_dlse, mon
     out, lse = _whole(q, k, v, allowed, scale, softcap)
     want = torch.autograd.grad([out, lse], (q, k, v),
                                [do, torch.zeros_like(lse) if dlse is None else dlse])
-    calls = []
-    real = tiled.backward
-    monkeypatch.setattr(tiled, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = []  # which backward each block ran on
+    real_tiled, real_fused = tiled.backward, fused_cpu.backward
+    monkeypatch.setattr(tiled, "backward",
+                        lambda *a, **kw: calls.append("tiled") or real_tiled(*a, **kw))
+    monkeypatch.setattr(fused_cpu, "backward", lambda *a, **kw: calls.append(
+        "fused" + ("+dlse" if kw.get("dlse") is not None else "")) or real_fused(*a, **kw))
     c = lambda x: x.detach().to(dtype)  # noqa: E731
     k, v = k.detach().clone(), v.detach().clone()
     k[:, :, S - 1], v[:, :, S - 1] = float("nan"), float("inf")
@@ -63,4 +70,7 @@ def test_blocks_add_up_to_the_whole_backward(dtype, Hkv, softcap, with_dlse, mon
         dq += gq
     torch.testing.assert_close(dq, want[0].to(dtype), rtol=tol, atol=tol)
     assert (dq[:, :, 2] == 0).all()
-    assert len(calls) == 2  # every block on the tiled backward
+    if Hkv == H and softcap is None:  # one kernel call per block, the lse gradient folded in
+        assert calls == ["fused+dlse"] * 2
+    else:  # grouped heads and softcap: the tiled backward, never a plain whole-block path
+        assert calls[0] == "tiled" and calls.count("tiled") == 2
