@@ -55,7 +55,8 @@ def attention(
         mask: a structured mask from `attnlab.masks` (causal(align=...), sliding_window, padding,
             document, prefix_lm, from_dense, and their & | ~ combinations).
         return_lse: also return the log-sum-exp of each query row, (..., H, L), float32 for
-            fp16/bf16 inputs.
+            fp16/bf16 inputs; differentiable on every backend but "reference" (a row with
+            nothing to attend: lse -inf and zero gradient).
         backend: "auto" (fastest exact path; see `attnlab.select_backend`), "sdpa", "math",
             "tiled" (online softmax over tiles, skips masked-out tiles, memory linear in L), or
             "reference" (NumPy float64, no autograd).
