@@ -158,3 +158,27 @@ def test_heads_repeat_random_on_a_checkpoint_draws_its_corpus_frequent_character
     ids = [int(t) for t in att.tokens]
     assert ids[:40] == ids[40:]
     assert set(ids) <= set(frequent_ids(tr.data.train, at_least=40))
+
+
+def test_the_readme_describes_the_preset_it_ships():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**Heads forming during training.**", 1)[1].split("\n## ", 1)[0]
+    section = section.replace("\n", " ")
+    tr = Trainer.start("induction", max_steps=1)
+    cfg, tcfg = tr.model.config, TrainConfig.from_name("induction")
+    assert f"({tr.model.num_params():,} parameters)" in section
+    assert f"{tcfg.max_steps:,} steps of {tcfg.batch_size} windows" in section
+    def sci(x):
+        return f"{x:.0e}".replace("e-0", "e-")  # 1e-2
+
+    assert f"lr {sci(tcfg.lr)} ({tcfg.warmup_steps} warm-up steps, cosine to " \
+        f"{sci(tcfg.min_lr)})" in section
+    assert f"repeat_prob={tcfg.repeat_prob}" in section
+    assert f"{cfg.n_head} heads, {cfg.n_embd} wide, rotary positions, {cfg.block_size} " \
+        "characters of context" in section
+    pool = frequent_ids(tr.data.train, at_least=32)
+    assert f"the {len(pool)} that make up {round(100 * PROBE_COVERAGE)}% of the corpus" in section
+    assert "docs/img/induction-training.png" in section
+    assert (Path(__file__).resolve().parents[2] / "docs/img/induction-training.png").is_file()
