@@ -12,3 +12,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Every test draws the same random numbers whichever tests ran before it (a tolerance that a
+    test meets must not depend on the order or selection of the suite)."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    yield
+    torch.random.set_rng_state(state)
