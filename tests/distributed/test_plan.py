@@ -168,6 +168,9 @@ def test_near_ties_go_to_the_strategy_that_sends_less():
 
     ring = est("ring", 1.0, 0.5, 10**9, True)  # 1.0 s predicted
     gather = est("allgather", 1.0, 0.02, 10**6, False)  # 1.02 s, a thousandth of the bytes
-    assert choose({"ring": ring, "allgather": gather}).strategy == "allgather"
+    pick = choose({"ring": ring, "allgather": gather})
+    assert pick.strategy == "allgather"
+    assert "within 5% of the fastest and sends the fewest bytes" in pick.reason
+    assert "fewest bytes" not in choose({"ring": ring}).reason
     slow = est("allgather", 1.0, 0.2, 10**6, False)  # 1.2 s: no longer a tie
     assert choose({"ring": ring, "allgather": slow}).strategy == "ring"

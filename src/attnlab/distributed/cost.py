@@ -198,7 +198,8 @@ TIE = 1.05
 
 def choose(estimates: dict[str, Estimate]) -> StrategyChoice:
     """The strategy with the least predicted time; among those within 5% of it, the one that
-    sends the fewest bytes (the model ignores latency and contention, which favour fewer)."""
+    sends the fewest bytes (the model ignores contention and per-step synchronisation, which
+    favour fewer)."""
     ok = [e for e in estimates.values() if e.feasible]
     fastest = min(e.time_s for e in ok)
     near = [e for e in ok if e.time_s <= fastest * TIE]
@@ -207,9 +208,11 @@ def choose(estimates: dict[str, Estimate]) -> StrategyChoice:
         f"{e.strategy} {_ms(e.time_s)}" if e.feasible else f"{e.strategy}: {e.why_not}"
         for e in estimates.values() if e is not best)
     how = "overlapped with" if best.overlaps else "then"
+    tie = ("; within 5% of the fastest and sends the fewest bytes"
+           if best.time_s > fastest else "")
     reason = (f"{best.strategy}: {_ms(best.time_s)} predicted (communication "
               f"{_ms(best.comm_s)} {how} compute {_ms(best.compute_s)}, "
-              f"{best.bytes_per_rank() / 2**20:.1f} MiB sent per rank); vs {others}")
+              f"{best.bytes_per_rank() / 2**20:.1f} MiB sent per rank{tie}); vs {others}")
     return StrategyChoice(best.strategy, reason)
 
 
