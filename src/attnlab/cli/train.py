@@ -195,8 +195,17 @@ def _header(trainer, out: Path, parallel=None) -> None:
                                           f"{parallel.dp} × context parallel {parallel.cp})")
     print(f"attnlab train: preset {trainer.model.config.name}, "
           f"{trainer.model.num_params():,} parameters, corpus {cfg.corpus!r} "
-          f"({len(trainer.data.train):,} train / {len(trainer.data.val):,} val tokens){layout}, "
-          f"steps {trainer.step} -> {cfg.max_steps}, checkpoints in {out}", file=sys.stderr)
+          f"({len(trainer.data.train):,} train / {len(trainer.data.val):,} val tokens)"
+          f"{_repeats(cfg)}{layout}, steps {trainer.step} -> {cfg.max_steps}, checkpoints in "
+          f"{out}", file=sys.stderr)
+
+
+def _repeats(cfg) -> str:
+    """The header's word on repeated-text windows: their training loss is not the corpus's."""
+    if not cfg.repeat_prob:
+        return ""
+    return (f", {cfg.repeat_prob:.0%} of training windows repeated text (repeat_prob "
+            f"{cfg.repeat_prob:g}: train loss is not plain-corpus loss; val loss is)")
 
 
 def _summary(trainer, out: Path, peak_mib: float | None = None) -> None:
