@@ -4,7 +4,8 @@ No --layer: every layer and head as thumbnails; --layer L: that layer's heads as
 --layer L --head H: one head with every token labelled. Masked cells are grey and hatched.
 --stat NAME: a layers × heads heatmap of a head statistic over TEXT (see `attnlab heads`);
 --run DIR --stat NAME: that statistic per head over a run trained with --track-heads, next to
-the loss.
+its losses (training, validation, and the probe's first and second copy where the run recorded
+them).
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ characters of context, on the bundled corpus with half the training windows a st
 repeated to fill the window; --repeat-prob 0 trains on the plain corpus) and every --every steps
 evaluates the head statistics on a fixed repeated-random probe (N random characters from the
 corpus's frequent ones, then the same N again), writing them to DIR/heads.jsonl (one JSON line per
-evaluation: step, loss, statistics, labels). `-o FIG` draws a statistic's per-head curve over
-training next to the loss; `--plot-only` draws from a finished run without training.
+evaluation: step, training and validation loss, the model's loss on the probe's first and second
+copy, statistics, labels). The second copy's loss falls below the first's as induction heads form:
+the training loss, half of it on repeated windows, shows that only blurred. `-o FIG` draws a
+statistic's per-head curve over training next to those losses; `--plot-only` draws from a
+finished run without training.
 """
 
 from __future__ import annotations
@@ -60,9 +63,12 @@ def run(args) -> int:
         formed = ("no head reached 0.4" if s["formed_step"] is None else
                   f"first head at 0.4 at step {s['formed_step']} (loss {s['formed_loss']:.3f})")
         start = "" if s["chance"] is None else f"; {s['chance']:.2f} at step 0"
-        print(f"wrote {path}: step {lines[-1]['step']}, loss {lines[-1]['loss']:.3f}, "
+        last = lines[-1]
+        print(f"wrote {path}: step {last['step']}, loss {last['loss']:.3f}, "
               f"{trainer.elapsed_s:.0f} s training; largest induction score {s['max']:.2f} "
-              f"(L{s['head'][0]} H{s['head'][1]}, step {s['max_step']}{start}); {formed}")
+              f"(L{s['head'][0]} H{s['head'][1]}, step {s['max_step']}{start}); {formed}; "
+              f"probe loss {last['first_copy_loss']:.2f} on the first copy, "
+              f"{last['second_copy_loss']:.2f} on the second")
     if args.output:
         from attnlab.viz.head_figures import draw_run
 

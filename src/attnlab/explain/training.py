@@ -5,14 +5,19 @@ a fixed repeated-random probe every `every` steps, one JSON line per evaluation.
     >>> trainer = Trainer.start("induction", out="runs/ind")                  # doctest: +SKIP
     >>> track_heads(trainer, every=25)      # runs/ind/heads.jsonl            # doctest: +SKIP
 
-Each line: {"step", "loss" (mean training loss since the previous line; null at step 0), "val_loss"
-(the trainer's last validation, or null), "stats": {name: [[value per head] per layer]},
-"labels"}, statistics as `HeadStats.to_json`. The probe is the same at every step: N seeded
-random token ids, then the same N again (Olsson et al. 2022), so `induction` is the induction
-score. The ids are drawn from the characters that make up most of the training text
-(`frequent_ids`): a character seen a handful of times (a digit, "&") has an embedding too little
-trained for any head to match it, and would hide a working induction head. It drives the trainer
-through its public `run(stop_after=...)`, which also saves the checkpoint each time.
+Each line: {"step", "loss" (mean training loss since the previous line; null at step 0),
+"val_loss" (the trainer's last validation, or null), "val_step" (the step it was taken at),
+"first_copy_loss" and "second_copy_loss" (the model's loss on the probe's two copies,
+`copy_losses`), "stats": {name: [[value per head] per layer]}, "labels"}, statistics as
+`HeadStats.to_json`; lines written before val_step and the copy losses existed lack those keys.
+The probe is the same at every step: N seeded random token ids, then the same N again (Olsson et
+al. 2022), so `induction` is the induction score, and the second copy's loss falling below the
+first's is the in-context learning those heads bring (the training loss, mixing plain and repeated
+windows, shows it only blurred). The ids are drawn from the characters that make up most of the
+training text (`frequent_ids`): a character seen a handful of times (a digit, "&") has an
+embedding too little trained for any head to match it, and would hide a working induction head.
+It drives the trainer through its public `run(stop_after=...)`, which also saves the checkpoint
+each time.
 """
 
 from __future__ import annotations
@@ -50,6 +55,30 @@ def frequent_ids(data, *, coverage: float = PROBE_COVERAGE, at_least: int = 1) -
     return [int(i) for i in order[:k]]
 
 
+def copy_losses(model, ids: list[int]) -> tuple[float, float]:
+    """The mean next-token loss (nats) of `model` (a GPT) on each copy of a probe `ids` (N tokens,
+    then the same N): over tokens 2..N of the first copy and tokens 2..N of the second, each
+    predicted from all the tokens before it. A copy's first token is left out of both: nothing
+    before it says what it is. On the second copy every token came once before, followed by the
+    one to predict, so an induction head makes it cheap while the first stays random."""
+    import torch
+    import torch.nn.functional as F
+
+    n = len(ids) // 2
+    if n < 2 or list(ids[:n]) != list(ids[n:]):
+        raise AttnlabError(f"ids: expected N >= 2 tokens then the same N again, got {len(ids)} "
+                           "tokens")
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([list(ids[:-1])]))  # (1, 2N - 1, V)
+    model.train(was_training)
+    # position t predicts ids[t + 1]: the first copy's tokens 2..N at t = 0..N-2, the second's
+    # at t = N..2N-2 (t = N-1 predicts the second copy's first token)
+    nll = F.cross_entropy(logits[0].float(), torch.tensor(list(ids[1:])), reduction="none")
+    return float(nll[:n - 1].mean()), float(nll[n:].mean())
+
+
 def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
                 path=None) -> Path:
     """Train `trainer` to its max_steps, writing head statistics on the probe every `every` steps
@@ -59,6 +88,8 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
 
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise AttnlabError(f"every: expected a positive number of steps, got {every!r}")
+    if isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 2:
+        raise AttnlabError(f"probe_n: expected 2 or more random tokens, got {probe_n!r}")
     model = trainer.model
     if 2 * probe_n > model.config.block_size:
         raise AttnlabError(f"probe_n: 2·{probe_n} tokens exceed the block size "
@@ -73,9 +104,11 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
         att.tokens = tokens
         stats = head_stats(att, special=())
         doc = stats.to_json()
-        val = trainer.val_history[-1]["val_loss"] if trainer.val_history else None
-        return {"step": trainer.step, "loss": loss, "val_loss": val, "stats": doc["stats"],
-                "labels": doc["labels"]}
+        val = trainer.val_history[-1] if trainer.val_history else {"val_loss": None, "step": None}
+        first, second = copy_losses(model, ids)
+        return {"step": trainer.step, "loss": loss, "val_loss": val["val_loss"],
+                "val_step": val["step"], "first_copy_loss": first, "second_copy_loss": second,
+                "stats": doc["stats"], "labels": doc["labels"]}
 
     with out.open("a" if trainer.step > 0 else "w", encoding="utf-8") as f:
         if trainer.step == 0:

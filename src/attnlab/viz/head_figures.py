@@ -71,12 +71,20 @@ def figure_sources(tokens, focus: int, rows: dict):
     return fig
 
 
-def figure_curves(steps, values, loss_steps, loss, name: str, title: str):
+#: the loss panel's curves, as `loss_curves` labels them
+TRAIN, VAL = "training (all windows)", "validation (plain text)"
+FIRST, SECOND = "probe, first copy", "probe, second copy"
+_LOSS_STYLE = {TRAIN: {"color": "black"}, VAL: {"color": "tab:gray", "linestyle": "--"},
+               FIRST: {"color": "tab:orange"}, SECOND: {"color": "tab:blue"}}
+
+
+def figure_curves(steps, values, losses: dict, name: str, title: str):
     """Left: statistic `name` per head over training steps (values (T, layers, heads)); right:
-    the loss."""
+    each loss curve of `losses` ({label: (steps, values)}, as `loss_curves` gives), with a legend
+    when there is more than one."""
     _, Figure, _, _ = _mpl()
     values = np.asarray(values, dtype=float)
-    fig = Figure(figsize=(10, 3.6))
+    fig = Figure(figsize=(10, 4.0 if len(losses) > 1 else 3.6))
     ax, bx = fig.subplots(1, 2)
     for l in range(values.shape[1]):
         for h in range(values.shape[2]):
@@ -86,13 +94,39 @@ def figure_curves(steps, values, loss_steps, loss, name: str, title: str):
     ax.set_title(f"{name} per head", fontsize=10)
     if values.shape[1] * values.shape[2] <= 16:
         ax.legend(fontsize=6, ncol=2)
-    bx.plot(loss_steps, loss, color="black", linewidth=1)
+    for label, (xs, ys) in losses.items():
+        style = _LOSS_STYLE.get(label, {})
+        bx.plot(xs, ys, label=label, linewidth=1, **style)
     bx.set_xlabel("step")
-    bx.set_ylabel("loss")
-    bx.set_title("training loss", fontsize=10)
+    bx.set_ylabel("loss (nats)")
+    bx.set_title("loss", fontsize=10)
+    if len(losses) > 1:  # under the panel: the curves fill every corner of it
+        bx.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+                  frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def loss_curves(lines: list[dict]) -> dict:
+    """The loss curves of heads.jsonl `lines`: {label: (steps, values)} for the training loss, the
+    validation loss (each validation once, at the step it was taken), and the loss on the probe's
+    first and second copy; a curve no line carries is left out (older files have only the
+    training and validation losses)."""
+    curves = {TRAIN: [(d["step"], d["loss"]) for d in lines if d.get("loss") is not None]}
+    val: list[tuple] = []
+    for d in lines:
+        v, at = d.get("val_loss"), d.get("val_step")
+        if v is None:
+            continue
+        if val and val[-1][1] == v and at in (None, val[-1][0]):
+            continue  # a line repeats the last validation until the next one: keep it once
+        val.append((d["step"] if at is None else at, v))
+    curves[VAL] = val
+    for label, field in ((FIRST, "first_copy_loss"), (SECOND, "second_copy_loss")):
+        curves[label] = [(d["step"], d[field]) for d in lines if d.get(field) is not None]
+    return {label: ([x for x, _ in pts], [y for _, y in pts]) for label, pts in curves.items()
+            if pts}
 
 
 def save_figure(fig, path) -> Path:
@@ -104,17 +138,16 @@ def save_figure(fig, path) -> Path:
     return out
 
 
-
-def draw_run(run_dir, stat: str, output) -> None:
-    """A run's heads.jsonl (`track_heads`) as `figure_curves`, written to `output`."""
+def draw_run(run_dir, stat: str, output):
+    """A run's heads.jsonl (`track_heads`) as `figure_curves` with `loss_curves`, written to
+    `output`; returns the figure."""
     from attnlab.explain.training import read_heads
 
     lines = read_heads(run_dir)
     steps = [d["step"] for d in lines]
     values = np.array([[[np.nan if v is None else v for v in row] for row in d["stats"][stat]]
                        for d in lines], dtype=float)  # (T, layers, heads)
-    trained = [d for d in lines if d["loss"] is not None]
-    fig = figure_curves(steps, values, [d["step"] for d in trained],
-                        [d["loss"] for d in trained], stat,
+    fig = figure_curves(steps, values, loss_curves(lines), stat,
                         f"{stat} on a repeated-random probe while training ({run_dir})")
     save_figure(fig, output)
+    return fig
