@@ -15,30 +15,23 @@ Exported as `attnlab.viz.head_view` etc.; kept outside viz because it builds Mod
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import numpy as np
 
 from attnlab.errors import AttnlabError
 from attnlab.viz.checks import check_index
+from attnlab.viz.iframe import NotebookPage, ViewPage
 
 _PRETTY = {"Ġ": " ", "▁": " ", "Ċ": "\\n", "</w>": ""}
 
 
-class AttentionPage:
-    """What `html_action="return"` gives: `.data` is the page's HTML (self-contained, offline).
-    In Jupyter it shows in a sandboxed iframe."""
+class AttentionPage(ViewPage):
+    """What `html_action="return"` gives: `.data` is the page's HTML (self-contained, offline),
+    `.save(path)` writes it. In Jupyter it shows in a sandboxed iframe."""
 
     def __init__(self, data: str, height: int = 640):
-        self.data = data
-        self.height = height
-
-    def _repr_html_(self) -> str:
-        doc = html.escape(self.data, quote=True)
-        return (f'<iframe srcdoc="{doc}" sandbox="allow-scripts allow-downloads" '
-                f'style="width:100%;height:{int(self.height)}px;border:1px solid #ddd" '
-                f'title="attnlab: attention"></iframe>')
+        super().__init__(data, height)
 
 
 def _prettify(tokens) -> list[str]:
@@ -250,8 +243,9 @@ def model_view(attention=None, tokens=None, sentence_b_start=None, prettify_toke
 
 
 def save(obj, path) -> Path:
-    """Write the page of `obj` (what `html_action="return"` gave, or a ModelAttention) to `path`."""
-    if isinstance(obj, AttentionPage):
+    """Write the page of `obj` (what `html_action="return"` gave, any page for Jupyter such as
+    `lesson_page()`, or a ModelAttention) to `path`."""
+    if isinstance(obj, NotebookPage):
         text = obj.data
     elif hasattr(obj, "weights") and hasattr(obj, "tokens"):
         from attnlab.viz.page import page_html

@@ -13,7 +13,6 @@ Content-Security-Policy that allows only the script's SHA-256 and no requests at
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from attnlab.errors import AttnlabError
 from attnlab.explain.lesson import CAUSAL_TOKENS, build_lesson
 from attnlab.viz.html_doc import asset, document, policy
+from attnlab.viz.iframe import NotebookPage
 
 # How each check-yourself question is answered by interacting: a question to try first (choices,
 # the first one listed right), and where it has one, a task on the page whose success also opens the
@@ -159,23 +159,15 @@ def write_lesson_page(path) -> Path:
     return path
 
 
-class LessonPage:
-    """The page for Jupyter: shown in a sandboxed iframe; `.html` is the page, `.save(path)`."""
+class LessonPage(NotebookPage):
+    """The page for Jupyter: shown in a sandboxed iframe; `.data` (also `.html`) is the page,
+    `.save(path)` writes it."""
+
+    title = "attnlab: the attention lesson, explorable"
 
     def __init__(self, height: int = 900):
-        self.html = lesson_html()
-        self.height = int(height)
+        super().__init__(lesson_html(), height)
 
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.write_text(self.html, encoding="utf-8")
-        return path
-
-    def _repr_html_(self) -> str:
-        # srcdoc escaped, no allow-same-origin: the page can neither read nor break the notebook
-        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" sandbox="allow-scripts" '
-                f'style="width:100%;height:{self.height}px;border:1px solid #ddd" '
-                f'title="attnlab: the attention lesson, explorable"></iframe>')
-
-    def __repr__(self) -> str:
-        return f"LessonPage({len(self.html)} characters; display it in Jupyter or .save(path))"
+    @property
+    def html(self) -> str:
+        return self.data

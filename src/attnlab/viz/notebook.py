@@ -60,9 +60,7 @@ def trace_html(t) -> str:
 
 def model_html(ma, height: int = 640) -> str:
     """The self-contained page for `ma` inside a sandboxed iframe (srcdoc, escaped)."""
+    from attnlab.viz.iframe import ViewPage
     from attnlab.viz.page import page_html
 
-    doc = html.escape(page_html(ma), quote=True)
-    return (f'<iframe srcdoc="{doc}" sandbox="allow-scripts allow-downloads" '
-            f'style="width:100%;height:{int(height)}px;border:1px solid #ddd" '
-            f'title="attnlab: attention"></iframe>')
+    return ViewPage(page_html(ma), height)._repr_html_()
