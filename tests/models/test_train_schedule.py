@@ -9,7 +9,7 @@ import pytest
 
 from attnlab import AttnlabError
 from attnlab.cli import main
-from attnlab.models import TrainConfig, Trainer
+from attnlab.models import TrainConfig
 from attnlab.models.trainer import lr_at, with_schedule
 
 FAST = ["--batch-size", "2", "--eval-interval", "100", "--quiet", "--threads", "1"]
@@ -50,9 +50,6 @@ def test_lr_flags_drive_the_schedule_and_are_recorded(tmp_path, capsys):
     (["--min-lr", "1e-2"], ["min_lr: expected at most lr = 0.003", "got 0.01"]),  # tiny's lr
     (["--warmup-steps", "-1"], ["--warmup-steps: expected 0 or more, got -1"]),
     (["--dropout", "1"], ["--dropout: expected a probability in [0, 1), got 1.0"]),
-    (["--preset", "small", "--nproc", "2", "--cp", "2"],
-     ["--cp: context-parallel attention has no dropout", "'small' has dropout 0.1",
-      "--dropout 0"]),
 ])
 def test_bad_schedule_flags_give_one_clear_line(tmp_path, capsys, argv, needles):
     assert main(["train", "--out", str(tmp_path / "r"), *argv, *FAST]) == 2
@@ -74,13 +71,3 @@ def test_with_schedule_keeps_the_shape_and_checks_its_input():
                        ({"lr": 1e-3, "min_lr": 1e-2}, "min_lr: expected at most lr = 0.001")]:
         with pytest.raises(AttnlabError, match=needle):
             with_schedule(base, **kw)
-
-
-def test_a_cp_trainer_names_the_override_when_the_model_has_dropout():
-    from attnlab.distributed import ContextParallel
-    from attnlab.models.parallel import Parallel
-
-    par = Parallel(0, 2, 1, 2, ContextParallel(), None, 30.0)
-    with pytest.raises(AttnlabError, match=r"has dropout 0\.1; train it with --dropout 0") as e:
-        Trainer.start("small", parallel=par, max_steps=1)
-    assert e.value.every_rank  # the same on every rank: only rank 0 prints it

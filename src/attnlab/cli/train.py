@@ -32,8 +32,7 @@ def add_parser(sub):
     p.add_argument("--warmup-steps", type=int, default=None, metavar="N",
                    help="steps of linear warm-up from 0 to --lr (0: none)")
     p.add_argument("--dropout", type=float, default=None, metavar="P",
-                   help="dropout probability of the model, 0 <= P < 1 (default: the preset's; "
-                   "--cp needs 0, e.g. --preset small --cp 2 --dropout 0)")
+                   help="dropout probability of the model, 0 <= P < 1 (default: the preset's)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads (default: torch's choice in one process, 1 per "
                    "process with --nproc; on a busy machine 1 can be much faster)")
@@ -77,7 +76,6 @@ def run(args) -> int:
         raise AttnlabError("--track-heads: one process only; leave out --nproc/--dp/--cp")
     if nproc > 1:
         _check_out(args, out)
-        _check_cp_dropout(args)
         return _launch(args, out, nproc)
     if args.cp > 1:
         raise AttnlabError(f"--cp: {args.cp} context-parallel ranks need --nproc {args.cp} or more")
@@ -117,23 +115,6 @@ def _check_schedule(args) -> None:
         raise AttnlabError(f"--warmup-steps: expected 0 or more, got {args.warmup_steps}")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         raise AttnlabError(f"--dropout: expected a probability in [0, 1), got {args.dropout}")
-
-
-def _check_cp_dropout(args) -> None:
-    """A fresh --cp run of a preset with dropout is refused before any process starts (the
-    workers refuse a resumed one: its dropout is in the checkpoint)."""
-    from attnlab.errors import AttnlabError
-    from attnlab.models import PRESETS
-
-    if args.cp == 1 or args.resume:
-        return
-    dropout = args.dropout
-    if dropout is None:
-        dropout = PRESETS[args.preset]["model"].get("dropout", 0.0)
-    if dropout > 0:
-        raise AttnlabError(f"--cp: context-parallel attention has no dropout, and preset "
-                           f"{args.preset!r} has dropout {dropout:g}; add --dropout 0 to train "
-                           "it without, or use --dp alone")
 
 
 def _nproc(args) -> int:

@@ -23,7 +23,8 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
                                strategy: str = "auto", mask: Mask | None = None,
                                is_causal: bool = False, scale: float | None = None,
                                enable_gqa: bool = False, softcap: float | None = None,
-                               return_lse: bool = False):
+                               return_lse: bool = False, dropout_p: float = 0.0,
+                               dropout_seed: int | None = None):
     """Attention over a sequence split across the ranks of `group`, exactly as on one process.
 
     Every rank passes its shard, in `layout` order (see `shard`):
@@ -39,6 +40,15 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
         mask: a structured mask from `attnlab.masks` in *global* positions (L × S).
         is_causal, scale, enable_gqa, softcap: as `attnlab.attention`.
         return_lse: also return the log-sum-exp of each local row, (B, H, L_local).
+        dropout_p: attention dropout on the weights, 0 <= p < 1 (survivors scaled by 1/(1 − p);
+            the lse is the one before dropout, as `attnlab.attention`). Whether weight
+            (b, h, i, j) is dropped is a pure function of (dropout_seed, b, h, global query
+            position i, global key position j) (`attnlab.distributed.keyed`), so the answer is
+            the same for every world size, layout and strategy, and the backward regenerates
+            the mask. Unlike one-process dropout it does not draw from torch's random stream.
+            Blocks with dropout run on plain PyTorch ops instead of the fused kernels.
+        dropout_seed: the key of the masks, an int (None: drawn from torch's default generator
+            on every rank, rank 0's draw used by all).
 
     A row that may attend nothing gets output 0 and lse −inf; NaN in keys or values no query may
     attend never reaches the output. Differentiable: gradients reach every rank's q, k, v (all
@@ -50,9 +60,10 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     """
     rank, world = comm.rank_world(group)
     desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
-                     softcap)
+                     softcap, dropout_p, dropout_seed)
     descs = validate.gather_descriptions(desc, group, _device(query))
     validate.check_agreement(descs)
+    seed = descs[0]["drawn_seed"] if dropout_seed is None else int(dropout_seed)
     L, S = validate.check_rows(descs, layout)
     m = cost.effective_mask(mask, is_causal)
     if m is not None:
@@ -61,7 +72,8 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     Hkv, Dv = key.shape[1], value.shape[-1]
     geom = Geometry(L, S, world, layout, m)
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
-    c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc)
+    c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc, float(dropout_p),
+             seed if dropout_p > 0 else 0)
     est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
                         link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
                         latency_us=cost.DEFAULT_LATENCY_US,
@@ -83,9 +95,9 @@ def _device(x):
 
 
 def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
-              softcap) -> dict:
+              softcap, dropout_p=0.0, dropout_seed=None) -> dict:
     """This rank's call as plain data, with the error its own inputs raise (if any)."""
-    desc: dict = {"error": None, "rows": [0, 0]}
+    desc: dict = {"error": None, "rows": [0, 0], "drawn_seed": None}
     try:
         check_layout(layout)
         check_choice("strategy", strategy, STRATEGY_CHOICES)
@@ -106,6 +118,9 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
             raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
         check_scale(scale, query.shape[-1])
         _check_softcap(softcap)
+        _check_dropout(dropout_p, dropout_seed)
+        if dropout_p > 0 and dropout_seed is None:  # every rank draws, so streams advance alike
+            desc["drawn_seed"] = int(torch.randint(0, 1 << 62, (1,)).item())
         desc["rows"] = [query.shape[2], key.shape[2]]
         desc.update({
             "query": [query.shape[0], query.shape[1], query.shape[3]],
@@ -119,8 +134,18 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
         desc["error"] = str(e)
     desc.update({"layout": layout, "strategy": strategy, "mask": validate.fingerprint(mask)
                  if isinstance(mask, Mask) else None, "is_causal": is_causal,
-                 "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap})
+                 "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap,
+                 "dropout_p": dropout_p, "dropout_seed": dropout_seed})
     return desc
+
+
+def _check_dropout(dropout_p, dropout_seed) -> None:
+    ok = isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool)
+    if not (ok and 0 <= dropout_p < 1):
+        raise AttnlabError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    if dropout_seed is not None and (isinstance(dropout_seed, bool)
+                                     or not isinstance(dropout_seed, int)):
+        raise AttnlabError(f"dropout_seed: expected an int or None, got {dropout_seed!r}")
 
 
 def _check_softcap(softcap) -> None:

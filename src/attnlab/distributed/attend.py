@@ -5,6 +5,10 @@ A pair whose tiles are all EMPTY is never computed; a FULL pair builds no mask; 
 evaluates the mask on its global rows × columns and is skipped if nothing in it may attend.
 Query rows go in chunks so that no score buffer exceeds SCORE_BUDGET elements: memory stays
 linear in the shard length.
+
+With attention dropout (`Call.dropout_p` > 0) each block gets the keyed mask of its global rows ×
+columns (`distributed.keyed`) and runs the plain block math of `blocks.dropout_forward` /
+`dropout_backward`; without it the blocks are exactly the fused/tiled ones.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.distributed import comm
-from attnlab.distributed.blocks import block_backward, merge
+from attnlab.distributed import comm, keyed
+from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward, merge
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.layouts import Piece
 from attnlab.masks import EMPTY, FULL
@@ -34,6 +38,8 @@ class Call:
     scale: float
     softcap: float | None
     acc: torch.dtype  # accumulation dtype: float64 for float64 inputs, else float32
+    dropout_p: float = 0.0
+    dropout_seed: int = 0  # the key of the dropout masks (see distributed.keyed)
 
     @property
     def q_pieces(self) -> list[Piece]:
@@ -75,6 +81,16 @@ def _local(c: Call, qi: int, rows: slice) -> slice:
     return slice(rows.start - start, rows.stop - start)
 
 
+def keep(c: Call, q: torch.Tensor, qi: int, rows: slice, kp: Piece, head0: int = 0):
+    """bool (B, H, rows, keys) of the block's surviving weights, or None without dropout."""
+    if c.dropout_p == 0:
+        return None
+    pos = c.q_pieces[qi].positions[_local(c, qi, rows)]
+    heads = torch.arange(head0, head0 + q.shape[1])
+    return keyed.keep_mask(c.dropout_seed, c.dropout_p, q.shape[0], heads, pos.to(q.device),
+                           kp.positions)
+
+
 def start_state(c: Call, q: torch.Tensor, Dv: int):
     """Per query piece: (out (B, H, Lp, Dv), lse (B, H, Lp)) of nothing seen yet."""
     B, H = q.shape[:2]
@@ -88,10 +104,13 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
 
     for qi, rows, kp, allowed in c.pairs(k_pieces, q_acc, log=True):
         k, v = _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc)
-        # attnlab's own fused/tiled op on the block, in the accumulation dtype
-        o, l = attention(q_acc[:, :, rows], k, v, attn_mask=allowed, scale=c.scale,
-                         softcap=c.softcap, enable_gqa=k.shape[1] != q_acc.shape[1],
-                         return_lse=True)
+        if c.dropout_p > 0:  # plain ops on the keyed mask of these rows x columns
+            o, l = dropout_forward(q_acc[:, :, rows], k, v, allowed, c.scale, c.softcap,
+                                   keep(c, q_acc, qi, rows, kp), c.dropout_p)
+        else:  # attnlab's own fused/tiled op on the block, in the accumulation dtype
+            o, l = attention(q_acc[:, :, rows], k, v, attn_mask=allowed, scale=c.scale,
+                             softcap=c.softcap, enable_gqa=k.shape[1] != q_acc.shape[1],
+                             return_lse=True)
         out, lse = state[qi]
         sl = _local(c, qi, rows)
         out[:, :, sl], lse[:, :, sl] = merge(out[:, :, sl], lse[:, :, sl], o, l)
@@ -116,10 +135,15 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
     q_acc, out, lse, dout, dlse = saved
     dk = torch.zeros(k_buf.shape, dtype=c.acc, device=k_buf.device)
     dv = torch.zeros(v_buf.shape, dtype=c.acc, device=v_buf.device)
-    for _, r, kp, allowed in c.pairs(k_pieces, q_acc):
-        dq_b, dk_b, dv_b = block_backward(
-            q_acc[:, :, r], _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc), allowed,
-            c.scale, c.softcap, out[:, :, r], lse[:, :, r], dout[:, :, r], dlse[:, :, r])
+    for qi, r, kp, allowed in c.pairs(k_pieces, q_acc):
+        blk = (q_acc[:, :, r], _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc), allowed,
+               c.scale, c.softcap)
+        grads = (out[:, :, r], lse[:, :, r], dout[:, :, r], dlse[:, :, r])
+        if c.dropout_p > 0:  # the forward's mask again, from the same positions
+            dq_b, dk_b, dv_b = dropout_backward(*blk, keep(c, q_acc, qi, r, kp), c.dropout_p,
+                                                *grads)
+        else:
+            dq_b, dk_b, dv_b = block_backward(*blk, *grads)
         dq_acc[:, :, r].add_(dq_b)
         _rows(dk, kp).add_(dk_b)
         _rows(dv, kp).add_(dv_b)

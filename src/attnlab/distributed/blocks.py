@@ -14,13 +14,18 @@ on plain PyTorch ops otherwise (softcap).
 
 Semantics kept from `attnlab.attention`: a row that may attend nothing has output 0 and lse −inf;
 NaN/Inf in a key, value or query that no pair of this block uses never reaches a result.
+
+With attention dropout (`dropout_forward`, `dropout_backward`) a block runs on plain PyTorch ops:
+the fused kernels draw their own random numbers, while here the caller hands in the keyed mask
+of the block's global rows × columns (`distributed.keyed`), so forward and backward drop the same
+weights. Survivors are scaled by 1/(1 − p); the lse is the one before dropout.
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnlab.ops import fused_cpu, tiled
+from attnlab.ops import fused_cpu, scores, tiled
 from attnlab.ops.validate import make_problem
 
 
@@ -76,3 +81,82 @@ def merge(out_a, lse_a, out_b, lse_b):
     wa = torch.exp(lse_a - safe)[..., None]  # (B, H, Lb, 1)
     wb = torch.exp(lse_b - safe)[..., None]
     return wa * out_a + wb * out_b, lse
+
+
+def _heads5(x, Hkv: int, G: int):
+    """(B|1, H|1, a, b) -> (B|1, Hkv|1, G|1, a, b), the grouped view of the scores."""
+    if x is None:
+        return None
+    if x.shape[1] == 1:
+        return x[:, :, None]  # (B|1, 1, a, b) -> (B|1, 1, 1, a, b)
+    return x.reshape(x.shape[0], Hkv, G, *x.shape[2:])  # (B|1, H, a, b) -> (.., Hkv, G, ..)
+
+
+def _poisoned(k, v, allowed):
+    """(k, v with NaN/Inf positions zeroed, bad (B, Hkv, Sb) or None); only with a mask (without
+    one every row attends every key, so poison reaches every row anyway)."""
+    if allowed is None or (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())):
+        return k, v, None
+    bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (B, Hkv, Sb)
+    zero = torch.zeros((), dtype=k.dtype)
+    return torch.where(bad[..., None], zero, k), torch.where(bad[..., None], zero, v), bad
+
+
+def _grouped_scores(q, k, allowed, scale, softcap):
+    """(s (B, Hkv, G, Lb, Sb) after softcap and mask, t = tanh(raw/softcap) or None)."""
+    B, H, Lb, D = q.shape
+    Hkv = k.shape[1]
+    q5 = q.reshape(B, Hkv, H // Hkv, Lb, D)  # (B, H, Lb, D) -> (B, Hkv, G, Lb, D)
+    s = scores.product(q5, k[:, :, None], scale)  # (B, Hkv, G, Lb, D) @ (B, Hkv, 1, D, Sb)
+    return scores.modify(s, softcap=softcap, allowed=_heads5(allowed, Hkv, H // Hkv))
+
+
+def dropout_forward(q, k, v, allowed, scale, softcap, keep, p: float):
+    """(out (B, H, Lb, Dv), lse (B, H, Lb)) of one block whose weights survive where `keep`
+    (bool (B, H, Lb, Sb)) is True, scaled by 1/(1 − p); lse is the one before dropout."""
+    B, H, Lb, _ = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    k, v, bad = _poisoned(k, v, allowed)
+    s, _ = _grouped_scores(q, k, allowed, scale, softcap)
+    w, lse = scores.softmax(s)  # (B, Hkv, G, Lb, Sb), (B, Hkv, G, Lb)
+    w = w.masked_fill_(~_heads5(keep, Hkv, H // Hkv), 0.0) / (1.0 - p)
+    out = w @ v[:, :, None]  # (B, Hkv, G, Lb, Sb) @ (B, Hkv, 1, Sb, Dv) -> (B, Hkv, G, Lb, Dv)
+    out, lse = out.reshape(B, H, Lb, Dv), lse.reshape(B, H, Lb)
+    if bad is not None:  # rows that may attend a poisoned key are NaN, as attnlab.attention
+        hit = (allowed & bad.repeat_interleave(H // Hkv, 1)[:, :, None, :]).any(-1)  # (B, H, Lb)
+        out = out.masked_fill(hit[..., None], float("nan"))
+        lse = lse.masked_fill(hit, float("nan"))
+    return out, lse
+
+
+def dropout_backward(q, k, v, allowed, scale, softcap, keep, p: float, out, lse, dout, dlse):
+    """(dq, dk, dv) of one block under keyed dropout, given the rows' global out (after dropout),
+    lse (before), and their gradients dout, dlse (or None).
+
+    With P = exp(s − lse) and Z = keep/(1 − p): out = (P∘Z) @ v, so dv = (P∘Z)ᵀ @ dout and
+    ds = P∘(Z∘(dout @ vᵀ) − rowsum(dout∘out) + dlse), through the softcap's tanh, times scale.
+    """
+    B, H, Lb, D = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    G = H // Hkv
+    q, k, v = _sanitize(q, k, v, allowed)
+    k, v, _ = _poisoned(k, v, allowed)
+    s, t = _grouped_scores(q, k, allowed, scale, softcap)
+    lse5 = scores.lse_for_exp(lse).reshape(B, Hkv, G, Lb, 1)
+    w = torch.exp(s - lse5)  # (B, Hkv, G, Lb, Sb): the global weights before dropout
+    z = _heads5(keep, Hkv, G).to(w.dtype) / (1.0 - p)
+    do5 = dout.reshape(B, Hkv, G, Lb, Dv)
+    wz = w * z  # the weights as the forward applied them
+    # (B, Hkv, G, Sb, Lb) @ (B, Hkv, G, Lb, Dv) -> summed over G: (B, Hkv, Sb, Dv)
+    dv = (wz.transpose(-1, -2) @ do5).sum(2)
+    dp = do5 @ v[:, :, None].transpose(-1, -2)  # (.., G, Lb, Dv) @ (.., 1, Dv, Sb) -> (.., Lb, Sb)
+    delta = (do5 * out.reshape(B, Hkv, G, Lb, Dv)).sum(-1, keepdim=True)  # (B, Hkv, G, Lb, 1)
+    if dlse is not None:
+        delta = delta - dlse.reshape(B, Hkv, G, Lb, 1)
+    ds = w * (dp * z - delta)
+    if t is not None:
+        ds = ds * (1 - t * t)
+    ds = ds * scale
+    dq = ds @ k[:, :, None]  # (B, Hkv, G, Lb, Sb) @ (B, Hkv, 1, Sb, D) -> (B, Hkv, G, Lb, D)
+    dk = (ds.transpose(-1, -2) @ q.reshape(B, Hkv, G, Lb, D)).sum(2)  # -> (B, Hkv, Sb, D)
+    return dq.reshape(B, H, Lb, D), dk, dv

@@ -7,6 +7,10 @@ itself, which skips empty tiles and keeps memory linear in L. Autograd runs thro
 all-to-alls (each one's backward is the other), the returned lse's included: its gradient travels
 back to the head shards only when a loss uses the lse (B·H·L_local values in the accumulation
 dtype), so every rank's loss must use it alike, as every rank must run the backward.
+
+With attention dropout the whole-sequence attention of a rank's heads runs in row chunks on the
+plain block math (`blocks.dropout_forward` / `dropout_backward`) with the keyed mask of the global
+(batch, head, row, column) it computes, heads numbered as in the whole call.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.distributed import comm
-from attnlab.distributed.attend import Call
+from attnlab.distributed import comm, keyed
+from attnlab.distributed.attend import SCORE_BUDGET, Call
+from attnlab.distributed.blocks import dropout_backward, dropout_forward
 
 
 class _SeqToHeads(torch.autograd.Function):
@@ -78,8 +83,13 @@ def ulysses_attention(q, k, v, c: Call, *, mask, enable_gqa: bool):
     q_order, k_order = gq.owner_order().to(q.device), gk.owner_order().to(q.device)
     qg = qh.index_select(2, q_order)  # (B, H/P, L, D) in global token order
     kg, vg = kh.index_select(2, k_order), vh.index_select(2, k_order)  # (B, Hkv/P, S, D)
-    out, lse = attention(qg, kg, vg, mask=mask, scale=c.scale, enable_gqa=enable_gqa,
-                         softcap=c.softcap, return_lse=True)
+    if c.dropout_p > 0:  # this rank holds query heads rank·H/P ... (rank + 1)·H/P − 1
+        out, lse = _KeyedDropout.apply(qg.to(c.acc), kg.to(c.acc), vg.to(c.acc), c, mask,
+                                       c.rank * qg.shape[1])
+        out = out.to(q.dtype)
+    else:
+        out, lse = attention(qg, kg, vg, mask=mask, scale=c.scale, enable_gqa=enable_gqa,
+                             softcap=c.softcap, return_lse=True)
     # back to rank-concatenated padded order; padded rows read one extra zero / -inf row
     back = torch.full((P * gq.n_max,), gq.n, dtype=torch.int64)
     back[q_order.cpu()] = torch.arange(gq.n)
@@ -92,3 +102,51 @@ def ulysses_attention(q, k, v, c: Call, *, mask, enable_gqa: bool):
         lse = _HeadsToSeq.apply(lse[..., None], c, "forward")[..., 0]  # (B, H, n_max)
     n = gq.size(c.rank)
     return out[:, :, :n], lse[:, :, :n]
+
+
+def _chunks(c: Call, q, k, mask, head0: int):
+    """(rows slice, allowed or None, keep) per chunk of query rows of the whole sequence."""
+    B, H, L = q.shape[:3]
+    S = k.shape[2]
+    cols = torch.arange(S, device=q.device)
+    heads = torch.arange(head0, head0 + H)
+    step = max(1, SCORE_BUDGET // (B * H * max(S, 1)))
+    for a in range(0, L, step):
+        rows = torch.arange(a, min(a + step, L), device=q.device)
+        allowed = None
+        if mask is not None:  # (Bm, Hm, rows, S); a per-head mask: this rank's heads
+            allowed = mask.block(rows, cols, L, S).to(q.device)
+            if allowed.shape[1] > 1:
+                allowed = allowed[:, head0:head0 + H]
+        keep = keyed.keep_mask(c.dropout_seed, c.dropout_p, B, heads, rows, cols)
+        yield slice(a, a + len(rows)), allowed, keep
+
+
+class _KeyedDropout(torch.autograd.Function):
+    """Attention of the whole sequence (B, H/P, L, D) under keyed dropout, in row chunks; the
+    backward recomputes each chunk's weights from the saved lse (nothing L × S is kept)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, c: Call, mask, head0: int):
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])  # (B, H/P, L, Dv)
+        lse = q.new_full(q.shape[:3], float("-inf"))  # (B, H/P, L)
+        for r, allowed, keep in _chunks(c, q, k, mask, head0):
+            out[:, :, r], lse[:, :, r] = dropout_forward(q[:, :, r], k, v, allowed, c.scale,
+                                                         c.softcap, keep, c.dropout_p)
+        ctx.c, ctx.mask, ctx.head0 = c, mask, head0
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        c = ctx.c
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dout = torch.zeros_like(out) if dout is None else dout.to(out.dtype)
+        for r, allowed, keep in _chunks(c, q, k, ctx.mask, ctx.head0):
+            dq[:, :, r], dk_b, dv_b = dropout_backward(
+                q[:, :, r], k, v, allowed, c.scale, c.softcap, keep, c.dropout_p, out[:, :, r],
+                lse[:, :, r], dout[:, :, r], None if dlse is None else dlse[:, :, r])
+            dk += dk_b
+            dv += dv_b
+        return dq, dk, dv, None, None, None

@@ -80,7 +80,7 @@ def check_agreement(descs: list[dict]) -> None:
     if errors:
         raise AttnlabError("; ".join(f"rank {r}: {msg}" for r, msg in errors))
     for key in sorted(descs[0]):
-        if key in ("rows", "error"):
+        if key in ("rows", "error", "drawn_seed"):  # rank 0's draw is every rank's seed
             continue
         values: dict[str, list[int]] = {}
         for r, d in enumerate(descs):

@@ -11,6 +11,10 @@ over a replica's C ranks is the replica's mean); DistributedDataParallel average
 ranks, so every rank ends with the gradient of the global batch's mean loss, the one-process
 gradient.
 
+Attention dropout under context parallelism is keyed by global position: `key_dropout` gives
+every layer a key from (seed, step, layer), so each step drops other weights, a resumed run
+drops the same ones again, and the masks are the same for any C.
+
 Every process group has a timeout, so a rank whose peer died raises instead of waiting forever.
 """
 
@@ -24,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from attnlab.distributed import ContextParallel
+from attnlab.distributed.keyed import step_seed
 from attnlab.errors import AttnlabError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -58,6 +63,13 @@ class Parallel:
         """The rows of a global batch this rank's replica trains on."""
         n = batch_size // self.dp
         return slice(self.dp_rank * n, (self.dp_rank + 1) * n)
+
+    def key_dropout(self, model: torch.nn.Module, seed: int, step: int) -> None:
+        """Key each layer's context-parallel attention dropout for training step `step`."""
+        if self.handle is None:
+            return
+        for layer, block in enumerate(model.blocks):
+            block.attn.dropout_seed = step_seed(seed, step, layer)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DistributedDataParallel over all N ranks (parameters broadcast from rank 0)."""

@@ -119,10 +119,6 @@ class Trainer:
         if self.config.batch_size % par.dp:
             err = AttnlabError(f"batch_size: the global batch of {self.config.batch_size} rows "
                                f"does not split over --dp {par.dp} replicas")
-        elif par.cp > 1 and self.model.config.dropout > 0:
-            err = AttnlabError(f"--cp: context-parallel attention has no dropout, and this model "
-                               f"has dropout {self.model.config.dropout:g}; train it with "
-                               "--dropout 0, or with --dp alone")
         if err is not None:
             err.every_rank = True  # every rank finds the same: rank 0 says it
             raise err
@@ -182,6 +178,8 @@ class Trainer:
         if cfg.repeat_prob > 0:
             xy = repeat_windows(*xy, prob=cfg.repeat_prob, seed=cfg.seed, index=self.step)
         x, y = self._rows(xy)
+        if self.parallel is not None:  # context-parallel attention dropout keyed by the step
+            self.parallel.key_dropout(model, cfg.seed, self.step)
         _, loss = self.forward(x, y)
         value = self._global_loss(loss, with_stop=True)
         if not math.isfinite(value):

@@ -6,8 +6,11 @@ causal diagonal is aligned bottom-right: query i of the new tokens sees keys j <
 
 With a context-parallel handle (`attnlab.distributed.ContextParallel`, handed in: this module never
 imports torch.distributed), x holds this rank's rows of the sequence and `positions` their global
-positions; attention runs through the handle across its group.
-Caution: under context parallelism there is no KV cache, no record and no attention dropout.
+positions; attention runs through the handle across its group. Attention dropout there is keyed
+by global position (`attnlab.distributed.keyed`: the same masks for any number of ranks), with
+`dropout_seed` as the key (the trainer sets it per step and layer; None: drawn from torch's
+generator on the group's rank 0), not drawn from torch's random stream as in one process.
+Caution: under context parallelism there is no KV cache and no record.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class CausalSelfAttention(nn.Module):
         self.rotary = RotaryEmbedding(self.head_dim, rope_base) if rotary else None
         self.kernel = None  # None = attnlab.attention; benchmarks swap in a peer
         self.context_parallel = context_parallel  # None: the whole sequence is here
+        self.dropout_seed: int | None = None  # key of the attention dropout under a CP handle
 
     def new_cache(self, batch_size: int, max_length: int, *, dtype=None, device=None) -> KVCache:
         w = self.qkv.weight
@@ -94,16 +98,15 @@ class CausalSelfAttention(nn.Module):
         if cache is not None or record is not None:
             raise AttnlabError("context_parallel: a KV cache or a record needs the whole sequence "
                                "in one process")
-        if self.training and self.dropout > 0:
-            raise AttnlabError(f"dropout: attention dropout {self.dropout} is not available "
-                               "under context parallelism; use dropout 0")
         if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (L,):
             got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions
             raise AttnlabError(f"positions: expected the ({L},) global positions of x's rows, "
                                f"got {got}")
         q, k, v = self.project(x, positions=positions)
+        p_drop = self.dropout if self.training else 0.0
+        drop = {"dropout_p": p_drop, "dropout_seed": self.dropout_seed} if p_drop > 0 else {}
         out = self.context_parallel.attention(q, k, v, is_causal=True,
-                                              enable_gqa=self.n_heads != self.n_kv_heads)
+                                              enable_gqa=self.n_heads != self.n_kv_heads, **drop)
         y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
         return self.out_proj(y)
 
