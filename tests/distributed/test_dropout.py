@@ -202,6 +202,13 @@ def test_the_trainer_keys_each_layer_and_step_alike_on_every_run():
     a = keys(4)
     assert len(set(a)) == 3 and keys(5) != a and keys(4) == a  # a resumed step 4 repeats them
     assert all(0 <= k < 2 ** 63 for k in a)
+    # (D, C) = (2, 2): ranks 0, 1 are replica 0 (the keys above), ranks 2, 3 replica 1
+    same = Parallel(1, 4, 2, 2, ContextParallel(), torch.device("cpu"), 30.0)
+    other = Parallel(2, 4, 2, 2, ContextParallel(), torch.device("cpu"), 30.0)
+    same.key_dropout(model, 1337, 4)
+    assert [b.attn.dropout_seed for b in model.blocks] == a  # one replica, one mask
+    other.key_dropout(model, 1337, 4)
+    assert not set(b.attn.dropout_seed for b in model.blocks) & set(a)  # replicas differ
     one = Parallel(0, 1, 1, 1, None, torch.device("cpu"), 30.0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
     one.key_dropout(model, 1337, 4)  # no context parallelism: dropout stays torch's stream

@@ -81,7 +81,9 @@ def keep_mask(seed: int, p: float, batch: int, heads: torch.Tensor, rows: torch.
     return x >= threshold(p)
 
 
-def step_seed(seed: int, step: int, layer: int) -> int:
-    """A 63-bit dropout key for one layer at one training step of a run seeded `seed`."""
-    digest = hashlib.blake2b(f"{seed}:{step}:{layer}".encode(), digest_size=8).digest()
+def step_seed(seed: int, step: int, layer: int, replica: int = 0) -> int:
+    """A 63-bit dropout key for one layer at one training step of a run seeded `seed`, for
+    data-parallel replica `replica` (replicas train on different rows: their masks differ)."""
+    key = f"{seed}:{step}:{layer}" + (f":{replica}" if replica else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1

@@ -65,11 +65,12 @@ class Parallel:
         return slice(self.dp_rank * n, (self.dp_rank + 1) * n)
 
     def key_dropout(self, model: torch.nn.Module, seed: int, step: int) -> None:
-        """Key each layer's context-parallel attention dropout for training step `step`."""
+        """Key each layer's context-parallel attention dropout for training step `step`; each
+        data-parallel replica gets its own keys."""
         if self.handle is None:
             return
         for layer, block in enumerate(model.blocks):
-            block.attn.dropout_seed = step_seed(seed, step, layer)
+            block.attn.dropout_seed = step_seed(seed, step, layer, self.dp_rank)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DistributedDataParallel over all N ranks (parameters broadcast from rank 0)."""
