@@ -1,7 +1,8 @@
 """The head view overlays several heads, each in its colour (bertviz's head view): `heads=[...]`
 picks the ones drawn first, a click on a head's square shows or hides it, a double-click shows it
-alone (and again: every head); a hovered token still gives one head's numbers. Each head's colour
-stands out from the page in both themes."""
+alone (and again: every head); a hovered token still gives one head's numbers, and a box per
+shown head beside each token on the other side at that head's weight. Each head's colour stands
+out from the page in both themes."""
 
 from __future__ import annotations
 
@@ -111,3 +112,90 @@ def test_every_heads_colour_is_readable(open_page, tmp_path, theme):
     low = {c: round(_contrast(c, background), 2) for c in colours if _contrast(c, background) < 3}
     assert low == {}, f"{theme}: head colours under 3:1 against {background}: {low}"
     assert watch.errors == [] and watch.outside() == []
+
+
+def _boxes(page) -> dict[tuple[int, int, int], tuple[float, str, float]]:
+    """{(head, i, j): (fill opacity, fill, x)} of the boxes a hovered token draws."""
+    rows = page.eval_on_selector_all(
+        "#drawing .head-box", "els => els.map(e => [+e.dataset.h, +e.dataset.i, +e.dataset.j, "
+        "+e.getAttribute('fill-opacity'), e.getAttribute('fill'), +e.getAttribute('x')])")
+    return {(h, i, j): (o, fill, x) for h, i, j, o, fill, x in rows}
+
+
+def _check_boxes(page, w, heads, pairs):
+    """One box per shown head and pair, opacity = that head's weight, in the head's colour
+    (its lines'), the heads side by side in head order."""
+    colours = {h: next(iter(d["colours"])) for h, d in _drawn(page).items()}
+    boxes = _boxes(page)
+    assert boxes.keys() == {(h, i, j) for h in heads for i, j in pairs}
+    for (h, i, j), (opacity, fill, _) in boxes.items():
+        assert abs(opacity - float(w[h, i, j])) < 1e-3, (h, i, j, opacity)
+        assert fill == colours[h]
+    for i, j in pairs:
+        xs = [boxes[(h, i, j)][2] for h in heads]
+        assert xs == sorted(xs) and len(set(xs)) == len(xs)
+
+
+def test_hovered_token_draws_a_box_per_shown_head(open_page, tmp_path):
+    toks = ["[CLS]", "the", "cat", "[SEP]", "it", "slept", "[SEP]"]
+    torch.manual_seed(5)
+    att = tuple(torch.randn(2, 1, 4, 7, 7).softmax(-1))  # (layers, batch, H, L, S)
+    path = viz.save(viz.head_view(att, toks, layer=1, heads=[1, 3], sentence_b_start=4,
+                                  html_action="return"), tmp_path / "boxes.html")
+    page, watch = open_page(path.as_uri(), allowed=[path.as_uri()])
+    page.wait_for_selector("#drawing .link", state="attached")
+    w = att[1][0]
+    assert page.locator("#drawing .head-box").count() == 0
+    page.hover(".tok.q[data-index='2']")  # beside each key: heads 1 and 3, weight (2, j)
+    _check_boxes(page, w, [1, 3], [(2, j) for j in range(7)])
+    key_x = float(page.get_attribute(".tok.k[data-index='0'] rect", "x"))
+    assert min(x for _, _, x in _boxes(page).values()) >= key_x
+    page.hover(".tok.k[data-index='5']")  # the reverse: beside each query, weight (i, 5)
+    _check_boxes(page, w, [1, 3], [(i, 5) for i in range(7)])
+    page.hover("#meta")  # mouse out: no boxes
+    assert page.locator("#drawing .head-box").count() == 0
+    page.click("#drawing .head-square[data-head='3']")  # hide head 3: head 1's boxes alone
+    page.hover(".tok.q[data-index='1']")
+    _check_boxes(page, w, [1], [(1, j) for j in range(7)])
+    page.click("#drawing .head-square[data-head='0']")
+    page.select_option("#filter", "3")  # Sentence A -> Sentence B: boxes beside B's tokens only
+    page.wait_for_selector("#drawing[data-choice='3']", state="attached")
+    page.hover(".tok.q[data-index='2']")
+    _check_boxes(page, w, [0, 1], [(2, j) for j in range(4, 7)])
+    page.hover("#meta")
+    assert page.locator("#drawing .head-box").count() == 0
+    assert watch.errors == [] and watch.outside() == [] and watch.dialogs == []
+
+
+def test_cross_attention_boxes_in_both_themes(open_page, tmp_path):
+    torch.manual_seed(6)
+    enc = tuple(torch.randn(2, 1, 4, 5, 5).softmax(-1))
+    dec = tuple(torch.randn(2, 1, 4, 3, 3).softmax(-1))
+    cross = tuple(torch.randn(2, 1, 4, 3, 5).softmax(-1))  # decoder queries x encoder keys
+    obj = viz.head_view(encoder_attention=enc, decoder_attention=dec, cross_attention=cross,
+                        encoder_tokens=TOKENS, decoder_tokens=["<pad>", "le", "chat"], layer=0,
+                        heads=[1, 3], html_action="return")
+    path = viz.save(obj, tmp_path / "cross.html")
+    page, watch = open_page(path.as_uri(), allowed=[path.as_uri()])
+    page.wait_for_selector("#drawing .link", state="attached")
+    page.select_option("#filter", "2")  # Cross
+    page.wait_for_selector("#drawing[data-choice='2']", state="attached")
+    w = cross[0][0]
+    seen = []
+    for theme in ("light", "dark"):
+        page.evaluate(f"document.body.setAttribute('data-theme', '{theme}')")
+        page.click(".tab[data-view='head']")  # redraw in that theme
+        page.hover(".tok.q[data-index='1']")  # a decoder token: boxes beside the encoder's
+        _check_boxes(page, w, [1, 3], [(1, j) for j in range(5)])
+        page.hover(".tok.k[data-index='4']")  # an encoder token: beside the decoder's
+        _check_boxes(page, w, [1, 3], [(i, 4) for i in range(3)])
+        background = page.get_attribute("#drawing .background", "fill")
+        halos = page.eval_on_selector_all("#drawing .tok text",
+                                          "els => els.map(e => e.getAttribute('stroke'))")
+        assert set(halos) == {background}  # token text keeps a halo of the page over boxes
+        seen.append(page.eval_on_selector_all("#drawing .head-box", "els => els.map("
+                                              "e => e.getAttribute('fill'))"))
+        page.hover("#meta")
+        assert page.locator("#drawing .head-box").count() == 0
+    assert seen[0] != seen[1]  # each theme's own head colours
+    assert watch.errors == [] and watch.outside() == [] and watch.dialogs == []

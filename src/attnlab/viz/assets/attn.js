@@ -174,6 +174,8 @@
     svg.appendChild(caption);
     var links = el("g", { "class": "links" }), byQuery, byKey, squares = [];
     svg.appendChild(links);
+    var boxes = el("g", { "class": "head-boxes", "pointer-events": "none" });  // under the tokens
+    svg.appendChild(boxes);
     function drawn() { return rollout ? [state.head] : state.heads; }
     // every shown head's lines, opacity = weight / heads shown (bertviz: where n heads' lines
     // overlap they add up to about their mean weight); one token's lines alone: opacity = weight
@@ -261,7 +263,9 @@
         tg.appendChild(el("rect", { x: isQuery ? pctW : xR, y: y, width: colW, height: rowH - 2,
                                     fill: theme().bg, "fill-opacity": 0 }));
         tg.appendChild(label(isQuery ? xL - 4 : xR + 4, y + 15, short(toks[t], 18),
-                             { "text-anchor": isQuery ? "end" : "start" }));
+                             { "text-anchor": isQuery ? "end" : "start", stroke: theme().bg,
+                               "stroke-width": 3, "stroke-linejoin": "round",
+                               "paint-order": "stroke" }));  // a halo: readable on any box
         tg.appendChild(el("title", {}, toks[t]));
         var p = label(isQuery ? 4 : xR + colW + 4, y + 15, "", { "class": "pct", "font-size": 12 });
         (isQuery ? qPct : kPct)[t] = p;
@@ -277,6 +281,32 @@
         for (var t in o) { o[t].textContent = ""; o[t].setAttribute("fill", color); }
       });
     }
+    // a hovered token's weight in every shown head (bertviz's boxes): beside each token on the
+    // other side, its column split into one box per shown head (in head order), each in its
+    // head's colour with fill opacity = that head's weight for the pair; none where masked
+    function clearBoxes() {
+      while (boxes.firstChild) boxes.removeChild(boxes.firstChild);
+      svg.removeAttribute("data-boxes");
+    }
+    function drawBoxes(t, isQuery) {
+      clearBoxes();
+      var heads = drawn(), bw = colW / heads.length, a = isQuery ? c0 : r0, b = isQuery ? c1 : r1;
+      var x0 = isQuery ? xR : pctW;
+      heads.forEach(function (h, k) {
+        var color = headColor(h);
+        for (var o = a; o < b; o++) {
+          var qi = isQuery ? t : o, kj = isQuery ? o : t;
+          if (!allowed(qi, kj, l)) continue;
+          var w = shown(l, h, qi, kj);
+          boxes.appendChild(el("rect", { "class": "head-box", x: (x0 + k * bw).toFixed(2),
+                                         y: top + rowH * (o - a), width: bw.toFixed(2),
+                                         height: rowH - 2, fill: color,
+                                         "fill-opacity": w.toFixed(6), "data-h": h,
+                                         "data-i": qi, "data-j": kj }));
+        }
+      });
+      svg.setAttribute("data-boxes", isQuery ? "keys" : "queries");
+    }
     function isolate(lines) {
       links.querySelectorAll(".link").forEach(function (x) { x.setAttribute("display", "none"); });
       lines.forEach(function (x) {
@@ -291,6 +321,7 @@
         x.setAttribute("stroke-opacity", (+x.getAttribute("data-w") / n).toFixed(4));
       });
       clearPct();
+      clearBoxes();
       readout("Hover a token to see its weights; click one on the left to pin it." +
               (rollout ? "" : " Click a coloured square to show or hide a head, double-click " +
                               "it to show that head alone."));
@@ -304,6 +335,7 @@
       var h = state.head;
       isolate(isQuery ? byQuery[t] : byKey[t]);
       clearPct();
+      drawBoxes(t, isQuery);
       var ranked = [], a = isQuery ? c0 : r0, b = isQuery ? c1 : r1;
       for (var o = a; o < b; o++) {
         var qi = isQuery ? t : o, kj = isQuery ? o : t, on = allowed(qi, kj, l);
