@@ -14,8 +14,9 @@ a key row is B·Hkv·(D + Dv) elements; c[r][s] = how many of rank s's keys rank
 - allgather, all ranks need all: forward (P−1)·n key rows in two all-gathers; backward the same
   again + (P−1)·n gradient rows (a) in two reduce-scatters. Otherwise the ring's transfers, all
   at once.
-- ulysses: q, k, v, out and lse each move (P−1)/P of their shard forward in one all-to-all each;
-  their gradients the same backward, the lse's only when a loss uses it (not counted here).
+- ulysses: q, k, v, and out with lse side by side, each move (P−1)/P of their shard in one
+  all-to-all each, forward; their gradients the same backward, the lse's always (zeros where a
+  loss does not use it), so every loss sends the same.
 - messages: a send is one; a collective counts P − 1 each way (as `comm` counts them).
 - FLOPs: 2·B·H·(D + Dv) per attended (query, key) pair forward (4·B·H·L·S·D for a full square),
   backward 2.5× that; a FULL tile counts its area, a PARTIAL tile half.
@@ -183,12 +184,11 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
         lse = B * H * nq * a  # lse travels in the accumulation dtype
         tensors = [B * H * nq * D * e, B * Hkv * n * D * e, B * Hkv * n * Dv * e,
                    B * H * nq * Dv * e, lse]
-        moved = sum((P - 1) * t // P for t in tensors)
-        back = moved - (P - 1) * lse // P  # the lse has no gradient to carry back
+        moved = sum((P - 1) * t // P for t in tensors)  # the same again backward
         even = [sum(flops) / P] * P  # every rank runs all tokens of H/P heads
-        m_f, m_b = [len(tensors) * (P - 1)] * P, [(len(tensors) - 1) * (P - 1)] * P  # all-to-alls
-        out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [back] * P, [back] * P,
-                              m_f, m_f, m_b, m_b, even, False)
+        m = [4 * (P - 1)] * P  # all-to-alls of q, k, v and out + lse; of their gradients
+        out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [moved] * P, [moved] * P,
+                              m, m, m, m, even, False)
     return out
 
 

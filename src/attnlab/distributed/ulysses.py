@@ -4,9 +4,11 @@ sequence for H/P heads, all-to-all back.
 Each rank ends up with every token of H/P query heads and Hkv/P key/value heads (so H and Hkv must
 both divide by P), puts the tokens in global order and runs `attnlab.attention` with the mask
 itself, which skips empty tiles and keeps memory linear in L. Autograd runs through the
-all-to-alls (each one's backward is the other), the returned lse's included: its gradient travels
-back to the head shards only when a loss uses the lse (B·H·L_local values in the accumulation
-dtype), so every rank's loss must use it alike, as every rank must run the backward.
+all-to-alls (each one's backward is the other). out and lse go back to the sequence shards in one
+all-to-all (their bytes side by side), and their gradients come back in one: the lse's always, zeros
+where a rank's loss does not use it (B·H·L_local values in the accumulation dtype, against the
+B·H·L_local·Dv of out's), so every rank runs the same collectives whichever of out and lse its
+loss uses; every rank must still run the backward.
 
 With attention dropout the whole-sequence attention of a rank's heads runs in row chunks on the
 plain block math (`blocks.dropout_forward` / `dropout_backward`) with the keyed mask of the global
@@ -36,33 +38,69 @@ class _SeqToHeads(torch.autograd.Function):
         return heads_to_seq(g, ctx.c, "backward"), None, None
 
 
-class _HeadsToSeq(torch.autograd.Function):
-    """(B, H/P, P·n_max, X) head shard -> (B, H, n_max, X) sequence shard."""
+class _OutLseToSeq(torch.autograd.Function):
+    """out (B, H/P, P·n_max, Dv) and lse (B, H/P, P·n_max) head shards -> (B, H, n_max, Dv) and
+    (B, H, n_max) sequence shards in one all-to-all; backward, both gradients in one (a gradient
+    autograd leaves out arrives as zeros, so every rank sends the same bytes)."""
 
     @staticmethod
-    def forward(ctx, y, c: Call, phase: str):
+    def forward(ctx, out, lse, c: Call):
         ctx.c = c
-        return heads_to_seq(y, c, phase)
+        both = heads_to_seq([out, _as(lse, out.dtype)], c, "forward")  # (B, H, n_max, Dv + a/e)
+        return both[..., :out.shape[-1]], _from(both[..., out.shape[-1]:], lse.dtype)
 
     @staticmethod
-    def backward(ctx, g):
-        return seq_to_heads(g, ctx.c, "backward"), None, None
+    def backward(ctx, dout, dlse):  # None (no gradient) arrives as zeros: materialized
+        both = seq_to_heads([dout, _as(dlse, dout.dtype)], ctx.c, "backward")
+        return both[..., :dout.shape[-1]], _from(both[..., dout.shape[-1]:], dlse.dtype), None
+
+
+def _as(lse, dtype):
+    """(B, h, n) -> (B, h, n, a/e): each lse's bytes as elements of `dtype` (a, the lse's element
+    size, is a multiple of e, the output's), so out and lse travel side by side in one buffer and
+    copy at the dtype's speed."""
+    return lse[..., None].contiguous().view(dtype)
+
+
+def _from(x, lse_dtype):
+    """(B, h, n, a/e) -> (B, h, n) of `lse_dtype`, the inverse of `_as`."""
+    return x.contiguous().view(lse_dtype)[..., 0]
+
+
+def _send_buffer(parts, shape):
+    """(P, B, h, n, ΣX) holding the parts (each viewed as (P, B, h, n, X_i)) side by side."""
+    buf = parts[0].new_empty(*shape, sum(p.shape[-1] for p in parts))
+    at = 0
+    for p in parts:
+        buf[..., at:at + p.shape[-1]] = p
+        at += p.shape[-1]
+    return buf
 
 
 def seq_to_heads(x, c: Call, phase: str):
-    B, H, n, D = x.shape
+    """(B, H, n, D) -> (B, H/P, P·n, D); a list of (B, H, n, D_i) goes in one all-to-all, side by
+    side: (B, H/P, P·n, ΣD_i)."""
+    parts = x if isinstance(x, list) else [x]
+    B, H, n = parts[0].shape[:3]
     P = c.world
-    send = x.reshape(B, P, H // P, n, D).transpose(0, 1).contiguous()  # (P, B, H/P, n, D)
+    send = _send_buffer([p.reshape(B, P, H // P, n, p.shape[-1]).transpose(0, 1)
+                         for p in parts], (P, B, H // P, n))  # (P, B, H/P, n, D)
+    D = send.shape[-1]
     recv = torch.empty_like(send)  # (P, B, H/P, n, D): [j] = rank j's tokens of my heads
     comm.all_to_all(recv.view(-1), send.view(-1), c.group, phase)  # B·H·n·D·bytes·(P−1)/P
     return recv.permute(1, 2, 0, 3, 4).reshape(B, H // P, P * n, D)  # -> (B, H/P, P·n, D)
 
 
 def heads_to_seq(y, c: Call, phase: str):
-    B, Hp, Pn, X = y.shape
+    """(B, H/P, P·n, X) -> (B, H, n, X); a list of (B, H/P, P·n, X_i) goes in one all-to-all,
+    side by side: (B, H, n, ΣX_i)."""
+    parts = y if isinstance(y, list) else [y]
+    B, Hp, Pn = parts[0].shape[:3]
     P = c.world
     n = Pn // P
-    send = y.reshape(B, Hp, P, n, X).permute(2, 0, 1, 3, 4).contiguous()  # (P, B, H/P, n, X)
+    send = _send_buffer([p.reshape(B, Hp, P, n, p.shape[-1]).permute(2, 0, 1, 3, 4)
+                         for p in parts], (P, B, Hp, n))  # (P, B, H/P, n, X)
+    X = send.shape[-1]
     recv = torch.empty_like(send)  # (P, B, H/P, n, X): [j] = my tokens of rank j's heads
     comm.all_to_all(recv.view(-1), send.view(-1), c.group, phase)  # B·H·n·X·bytes·(P−1)/P
     return recv.transpose(0, 1).reshape(B, P * Hp, n, X)  # -> (B, H, n, X)
@@ -97,9 +135,8 @@ def ulysses_attention(q, k, v, c: Call, *, mask, enable_gqa: bool):
     out = torch.cat([out, out.new_zeros(*out.shape[:2], 1, out.shape[-1])], 2).index_select(2, back)
     pad = lse.new_full((*lse.shape[:2], 1), float("-inf"))
     lse = torch.cat([lse, pad], 2).index_select(2, back)
-    if P > 1:
-        out = _HeadsToSeq.apply(out, c, "forward")  # (B, H, n_max, Dv)
-        lse = _HeadsToSeq.apply(lse[..., None], c, "forward")[..., 0]  # (B, H, n_max)
+    if P > 1:  # -> (B, H, n_max, Dv), (B, H, n_max)
+        out, lse = _OutLseToSeq.apply(out, lse, c)
     n = gq.size(c.rank)
     return out[:, :, :n], lse[:, :, :n]
 
