@@ -127,6 +127,24 @@ def finish_state(c: Call, state, q: torch.Tensor, Dv: int):
     return out, lse
 
 
+def finish_forward(ctx, c: Call, state, q, k, v):
+    """End a strategy's forward: keep (q, k, v, out, lse) for its backward (nothing of size S),
+    return (out in q's dtype, lse)."""
+    out, lse = finish_state(c, state, q, v.shape[-1])
+    ctx.c = c
+    ctx.save_for_backward(q, k, v, out, lse)
+    return out.to(q.dtype), lse
+
+
+def start_backward(ctx, dout, dlse):
+    """(c, q, k, v, saved, dq_acc) for a strategy's backward: `saved` as `backward_block` takes
+    it, dq_acc zeros (B, H, L_local, D) in the accumulation dtype."""
+    c: Call = ctx.c
+    q, k, v, out, lse = ctx.saved_tensors
+    saved = (q.to(c.acc), out, lse, dout.to(c.acc), dlse.to(c.acc))
+    return c, q, k, v, saved, torch.zeros_like(saved[0])
+
+
 def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
     """Add this block's dq into dq_acc; return (dk, dv) (B, Hkv, rows of k_buf, D|Dv), acc dtype.
 

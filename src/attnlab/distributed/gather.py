@@ -68,19 +68,14 @@ class GatherAttention(torch.autograd.Function):
         state = attend.start_state(c, q, Dv)
         for kb, vb, pieces in blocks:
             attend.forward_block(c, state, q_acc, kb, vb, pieces)
-        out, lse = attend.finish_state(c, state, q, Dv)
-        ctx.c, ctx.dense = c, dense
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out.to(q.dtype), lse
+        ctx.dense = dense
+        return attend.finish_forward(ctx, c, state, q, k, v)
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        c: Call = ctx.c
-        q, k, v, out, lse = ctx.saved_tensors
+        c, q, k, v, saved, dq = attend.start_backward(ctx, dout, dlse)
         gather = _dense_gather if ctx.dense else _sparse_gather
         blocks = gather(c, k, v, "backward")  # fetched again: nothing of size S is kept
-        saved = (q.to(c.acc), out, lse, dout.to(c.acc), dlse.to(c.acc))
-        dq = torch.zeros_like(saved[0])
         grads = [attend.backward_block(c, saved, dq, kb, vb, pieces) for kb, vb, pieces in blocks]
         n = k.shape[2]
         if ctx.dense:

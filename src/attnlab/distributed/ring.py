@@ -92,17 +92,11 @@ class RingAttention(torch.autograd.Function):
             nxt = _fetch(c, steps[i + 1], k, v, "forward") if i + 1 < len(steps) else None
             if kb is not None:  # computed while step i + 1's transfers travel
                 attend.forward_block(c, state, q_acc, kb, vb, pieces)
-        out, lse = attend.finish_state(c, state, q, Dv)
-        ctx.c = c
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out.to(q.dtype), lse
+        return attend.finish_forward(ctx, c, state, q, k, v)
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        c: Call = ctx.c
-        q, k, v, out, lse = ctx.saved_tensors
-        saved = (q.to(c.acc), out, lse, dout.to(c.acc), dlse.to(c.acc))
-        dq = torch.zeros_like(saved[0])
+        c, q, k, v, saved, dq = attend.start_backward(ctx, dout, dlse)
         steps = _steps(c)
         nxt = _fetch(c, steps[0], k, v, "backward") if steps else None
         # (B, Hkv, S_local, D|Dv) in the accumulation dtype: this rank's own keys' gradients
