@@ -111,6 +111,10 @@ def test_every_heads_colour_is_readable(open_page, tmp_path, theme):
     background = _long(page.get_attribute("#drawing .background", "fill"))
     low = {c: round(_contrast(c, background), 2) for c in colours if _contrast(c, background) < 3}
     assert low == {}, f"{theme}: head colours under 3:1 against {background}: {low}"
+    right, width = page.eval_on_selector(  # twelve heads named in the caption: it still fits
+        "#drawing .caption", "e => [e.getBBox().x + e.getBBox().width, "
+        "e.ownerSVGElement.width.baseVal.value]")
+    assert right <= width, (right, width, page.text_content("#drawing .caption"))
     assert watch.errors == [] and watch.outside() == []
 
 

@@ -207,13 +207,22 @@
       svg.setAttribute("data-heads", heads.join(","));
       svg.setAttribute("data-head", state.head);
       $("head").value = String(state.head);
-      caption.textContent = rollout ?
-        "attention rollout through every layer (heads averaged): where each token (left) came " +
-        "from (right); line opacity = share" :
-        (n > 1 ? "layer " + d.layerIds[l] + ", heads " + heads.map(function (h) {
-          return d.headIds[h]; }).join(", ") : names(l, heads[0])) +
-        ": each token (left) borrows from (right); line opacity = weight" +
-        (n > 1 ? " \u00f7 " + n + " (a hovered token's: weight)" : "");
+      var which = "layer " + d.layerIds[l] + ", heads " + heads.map(function (h) {
+        return d.headIds[h]; }).join(", ");
+      fitCaption(rollout ?
+        ["attention rollout through every layer (heads averaged): where each token (left) came " +
+         "from (right); line opacity = share"] : n === 1 ?
+        [names(l, heads[0]) + ": each token (left) borrows from (right); line opacity = weight"] :
+        [which + ": each token (left) borrows from (right); line opacity = weight \u00f7 " + n +
+         " (a hovered token's: weight)",
+         which + ": line opacity = weight \u00f7 " + n,
+         "layer " + d.layerIds[l] + ", " + n + " heads: line opacity = weight \u00f7 " + n]);
+    }
+    function fitCaption(texts) {  // the first wording that fits the drawing's width
+      for (var t = 0; t < texts.length; t++) {
+        caption.textContent = texts[t];
+        if (caption.getComputedTextLength() <= width - 20) return;
+      }
     }
     function drawSquares() {  // click: show / hide a head; double-click: that head alone
       var g = el("g", { "class": "head-squares", role: "group", "aria-label": "heads shown" });
