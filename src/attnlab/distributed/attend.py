@@ -26,6 +26,10 @@ from attnlab.masks import EMPTY, FULL
 #: most score elements (B·H·rows·keys) one block computes at a time
 SCORE_BUDGET = 1 << 22
 
+#: `allowed` of a block that is exactly SDPA's top-left causal pattern over equal query and key
+#: positions (a causal mask's diagonal blocks): it runs unchunked as is_causal, no dense mask
+CAUSAL = "causal"
+
 
 @dataclass
 class Call:
@@ -46,14 +50,19 @@ class Call:
         return self.geom.q.pieces(self.rank)
 
     def pairs(self, k_pieces: list[Piece], q: torch.Tensor, log: bool = False):
-        """(query piece index, rows of the shard, key piece, allowed or None) of every row
-        chunk of every (query piece, key piece) pair with something to attend; `log`: count
-        the pairs in an active `comm.record()`."""
+        """(query piece index, rows of the shard, key piece, allowed: None | CAUSAL | bool mask)
+        of every row chunk of every (query piece, key piece) pair with something to attend;
+        `log`: count the pairs in an active `comm.record()`."""
         g, per_row = self.geom, q.shape[0] * q.shape[1]
         for qi, qp in enumerate(self.q_pieces):
             for kp in k_pieces:
                 cls = g.pair_class(qp, kp)
                 if cls == EMPTY:
+                    continue
+                if cls != FULL and self._causal_diagonal(qp, kp):
+                    if log:
+                        comm.log_pair(qp.length, kp.length)
+                    yield qi, slice(qp.start, qp.start + qp.length), kp, CAUSAL
                     continue
                 step = max(1, SCORE_BUDGET // (per_row * kp.length))
                 logged = False
@@ -69,6 +78,16 @@ class Call:
                         comm.log_pair(qp.length, kp.length)
                         logged = True
                     yield qi, slice(qp.start + a, qp.start + b), kp, allowed
+
+
+    def _causal_diagonal(self, qp: Piece, kp: Piece) -> bool:
+        """Under a plain causal mask, the block of a run of consecutive positions against the
+        same positions is top-left causal (no dropout: its keyed mask needs the dense block)."""
+        g = self.geom
+        return (self.dropout_p == 0 and g.mask is not None and g.mask.is_top_left_causal
+                and g.L == g.S and qp.length == kp.length and qp.length > 0
+                and int(qp.positions[-1] - qp.positions[0]) == qp.length - 1
+                and bool(torch.equal(qp.positions, kp.positions)))
 
 
 def _rows(x: torch.Tensor, p: Piece) -> torch.Tensor:
@@ -108,9 +127,10 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
             o, l = dropout_forward(q_acc[:, :, rows], k, v, allowed, c.scale, c.softcap,
                                    keep(c, q_acc, qi, rows, kp), c.dropout_p)
         else:  # attnlab's own fused/tiled op on the block, in the accumulation dtype
-            o, l = attention(q_acc[:, :, rows], k, v, attn_mask=allowed, scale=c.scale,
-                             softcap=c.softcap, enable_gqa=k.shape[1] != q_acc.shape[1],
-                             return_lse=True)
+            causal = allowed is CAUSAL
+            o, l = attention(q_acc[:, :, rows], k, v, attn_mask=None if causal else allowed,
+                             is_causal=causal, scale=c.scale, softcap=c.softcap,
+                             enable_gqa=k.shape[1] != q_acc.shape[1], return_lse=True)
         out, lse = state[qi]
         sl = _local(c, qi, rows)
         out[:, :, sl], lse[:, :, sl] = merge(out[:, :, sl], lse[:, :, sl], o, l)
@@ -154,14 +174,15 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
     dk = torch.zeros(k_buf.shape, dtype=c.acc, device=k_buf.device)
     dv = torch.zeros(v_buf.shape, dtype=c.acc, device=v_buf.device)
     for qi, r, kp, allowed in c.pairs(k_pieces, q_acc):
-        blk = (q_acc[:, :, r], _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc), allowed,
-               c.scale, c.softcap)
+        causal = allowed is CAUSAL
+        blk = (q_acc[:, :, r], _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc),
+               None if causal else allowed, c.scale, c.softcap)
         grads = (out[:, :, r], lse[:, :, r], dout[:, :, r], dlse[:, :, r])
         if c.dropout_p > 0:  # the forward's mask again, from the same positions
             dq_b, dk_b, dv_b = dropout_backward(*blk, keep(c, q_acc, qi, r, kp), c.dropout_p,
                                                 *grads)
         else:
-            dq_b, dk_b, dv_b = block_backward(*blk, *grads)
+            dq_b, dk_b, dv_b = block_backward(*blk, *grads, is_causal=causal)
         dq_acc[:, :, r].add_(dq_b)
         _rows(dk, kp).add_(dk_b)
         _rows(dv, kp).add_(dv_b)

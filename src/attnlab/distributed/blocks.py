@@ -51,11 +51,13 @@ def _one_kernel_call(q, k, v, softcap) -> bool:
             and q.shape[1] == k.shape[1] and q.shape[-1] == v.shape[-1] and q.shape[2] > 0)
 
 
-def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
+def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse, *,
+                   is_causal: bool = False):
     """(dq (B, H, Lb, D), dk (B, Hkv, Sb, D), dv (B, Hkv, Sb, Dv)) of one block, given the rows'
     global out (B, H, Lb, Dv), lse (B, H, Lb) and their gradients dout, dlse (or None).
 
-    allowed: bool (Bm, Hm, Lb, Sb), True = may attend, or None (every pair of the block).
+    allowed: bool (Bm, Hm, Lb, Sb), True = may attend, or None (every pair of the block);
+    is_causal: the block is top-left causal (query i sees keys j <= i), with allowed None.
     """
     q, k, v = _sanitize(q, k, v, allowed)
     if _one_kernel_call(q, k, v, softcap):
@@ -64,9 +66,10 @@ def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse):
             bias = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
         if dlse is not None and not bool(dlse.any()):
             dlse = None  # no extra column to carry
-        return fused_cpu.backward(dout, q, k, v, out, lse, scale=scale, attn_mask=bias, dlse=dlse)
-    p = make_problem(q, k, v, allowed, 0.0, False, scale, q.shape[1] != k.shape[1], mask=None,
-                     softcap=softcap)
+        return fused_cpu.backward(dout, q, k, v, out, lse, scale=scale, attn_mask=bias,
+                                  is_causal=is_causal, dlse=dlse)
+    p = make_problem(q, k, v, allowed, 0.0, is_causal, scale, q.shape[1] != k.shape[1],
+                     mask=None, softcap=softcap)
     return tiled.backward(p, out, lse, dout, dlse)
 
 
