@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.ops import fused_cpu, scores, tiled
+from attnlab.ops import fused_cpu, nonfinite, scores, tiled
 from attnlab.ops.validate import make_problem
 
 
@@ -95,14 +95,14 @@ def _heads5(x, Hkv: int, G: int):
     return x.reshape(x.shape[0], Hkv, G, *x.shape[2:])  # (B|1, H, a, b) -> (.., Hkv, G, ..)
 
 
-def _poisoned(k, v, allowed):
-    """(k, v with NaN/Inf positions zeroed, bad (B, Hkv, Sb) or None); only with a mask (without
-    one every row attends every key, so poison reaches every row anyway)."""
-    if allowed is None or (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())):
-        return k, v, None
-    bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (B, Hkv, Sb)
-    zero = torch.zeros((), dtype=k.dtype)
-    return torch.where(bad[..., None], zero, k), torch.where(bad[..., None], zero, v), bad
+def _cleaned(q, k, v, allowed, scale, softcap):
+    """(k, v with NaN/Inf positions zeroed, the block's Problem, bad (B, Hkv, Sb) or None), by
+    `ops.nonfinite` as in `attnlab.attention` (only with a mask: without one every row attends
+    every key, so poison reaches every row anyway)."""
+    p = make_problem(q, k, v, allowed, 0.0, False, scale, q.shape[1] != k.shape[1], mask=None,
+                     softcap=softcap)
+    p, bad = nonfinite.clean(p)
+    return p.key, p.value, p, bad
 
 
 def _grouped_scores(q, k, allowed, scale, softcap):
@@ -119,16 +119,14 @@ def dropout_forward(q, k, v, allowed, scale, softcap, keep, p: float):
     (bool (B, H, Lb, Sb)) is True, scaled by 1/(1 − p); lse is the one before dropout."""
     B, H, Lb, _ = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
-    k, v, bad = _poisoned(k, v, allowed)
+    k, v, prob, bad = _cleaned(q, k, v, allowed, scale, softcap)
     s, _ = _grouped_scores(q, k, allowed, scale, softcap)
     w, lse = scores.softmax(s)  # (B, Hkv, G, Lb, Sb), (B, Hkv, G, Lb)
     w = w.masked_fill_(~_heads5(keep, Hkv, H // Hkv), 0.0) / (1.0 - p)
     out = w @ v[:, :, None]  # (B, Hkv, G, Lb, Sb) @ (B, Hkv, 1, Sb, Dv) -> (B, Hkv, G, Lb, Dv)
     out, lse = out.reshape(B, H, Lb, Dv), lse.reshape(B, H, Lb)
     if bad is not None:  # rows that may attend a poisoned key are NaN, as attnlab.attention
-        hit = (allowed & bad.repeat_interleave(H // Hkv, 1)[:, :, None, :]).any(-1)  # (B, H, Lb)
-        out = out.masked_fill(hit[..., None], float("nan"))
-        lse = lse.masked_fill(hit, float("nan"))
+        out, lse = nonfinite.poison(prob, bad, out, lse)
     return out, lse
 
 
@@ -143,7 +141,7 @@ def dropout_backward(q, k, v, allowed, scale, softcap, keep, p: float, out, lse,
     Hkv, Dv = k.shape[1], v.shape[-1]
     G = H // Hkv
     q, k, v = _sanitize(q, k, v, allowed)
-    k, v, _ = _poisoned(k, v, allowed)
+    k, v, _, _ = _cleaned(q, k, v, allowed, scale, softcap)
     s, t = _grouped_scores(q, k, allowed, scale, softcap)
     lse5 = scores.lse_for_exp(lse).reshape(B, Hkv, G, Lb, 1)
     w = torch.exp(s - lse5)  # (B, Hkv, G, Lb, Sb): the global weights before dropout
