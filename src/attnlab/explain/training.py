@@ -23,6 +23,8 @@ each time.
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
@@ -112,23 +114,52 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
 
     with out.open("a" if trainer.step > 0 else "w", encoding="utf-8") as f:
         if trainer.step == 0:
-            f.write(json.dumps(line(None)) + "\n")
+            write_line(f, line(None))
         while trainer.step < trainer.config.max_steps:
             before = len(trainer.history)
             trainer.run(stop_after=every)
             losses = [h["loss"] for h in trainer.history[before:]]
-            f.write(json.dumps(line(sum(losses) / len(losses))) + "\n")
-            f.flush()
+            write_line(f, line(sum(losses) / len(losses)))
     return out
 
 
+def write_line(f, doc: dict) -> None:
+    """Append `doc` as one whole JSON line and put it on disk (flush + fsync) before training
+    goes on: a kill leaves at most the line being written torn, which `read_heads` skips."""
+    f.write(json.dumps(doc) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def read_heads(run) -> list[dict]:
-    """The lines of a run's heads.jsonl (a run directory or the file itself)."""
+    """The lines of a run's heads.jsonl (a run directory or the file itself).
+
+    A torn last line (the run was killed while writing it) is skipped with a warning; a damaged
+    line before the last is an error naming its number."""
     p = Path(run)
     p = p / HEADS_FILE if p.is_dir() else p
     if not p.is_file():
         raise AttnlabError(f"run: no {HEADS_FILE} in {run} (train with head tracking first)")
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line]
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise AttnlabError(f"run: {p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    rows = text.split("\n")
+    numbered = [(k + 1, row) for k, row in enumerate(rows) if row.strip()]
+    out = []
+    for k, (number, row) in enumerate(numbered):
+        try:
+            doc = json.loads(row)
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if k == len(numbered) - 1:
+                warnings.warn(f"{p}: line {number} is torn (the run stopped while writing it); "
+                              "skipped", stacklevel=2)
+                break
+            raise AttnlabError(f"run: {p} line {number} is not a JSON object ({e})") from None
+        out.append(doc)
+    return out
 
 
 def induction_summary(lines: list[dict], *, threshold: float = 0.4) -> dict:
