@@ -8,7 +8,11 @@ view says so. As in bertviz, the page's "attention" list chooses between an enco
 model's encoder, decoder and cross attention (decoder tokens query, encoder tokens are the keys),
 or, with `sentence_b_start`, narrows the drawing to "Sentence A → Sentence B" and the like.
 `include_layers` / `include_heads` keep those layers and heads (labelled with the model's
-numbers); `display_mode` "dark" or "light" colours the page.
+numbers); `display_mode` "dark" or "light" colours the page. Indices (`layer`, `heads`,
+`include_layers`, `include_heads`) are Python's: -1 is the last head or layer.
+Caution: a page carries every number it draws (about 5.3 bytes each): one above
+MAX_PAGE_MB is refused with its size and how to narrow it (`include_layers`, `include_heads`,
+fewer tokens); a 3,000-token text is 48 MB per head.
 Exported as `attnlab.viz.head_view` etc.; kept outside viz because it builds ModelAttention
 (viz draws captures and never imports capture).
 """
@@ -23,6 +27,8 @@ from attnlab.errors import AttnlabError
 from attnlab.viz.checks import check_index
 from attnlab.viz.iframe import NotebookPage, ViewPage
 
+#: the largest page head_view / model_view write (a browser slows down well before)
+MAX_PAGE_MB = 64
 _PRETTY = {"Ġ": " ", "▁": " ", "Ċ": "\\n", "</w>": ""}
 
 
@@ -108,6 +114,29 @@ def _select(ma, layers: list[int] | None, heads: list[int] | None):
                    softcap=None if ma.softcap is None else [ma.softcap[i] for i in layers])
 
 
+def page_mb(ma) -> float:
+    """The size of `ma`'s numbers on a page, in MB: weights, rollout, q/k/v and bias as base64
+    float32 (16/3 bytes a number), masks as base64 bytes."""
+    layers, H, L, S = np.shape(ma.weights)
+    numbers = layers * H * L * S + (L * S if L == S else 0)
+    for a in (ma.queries, ma.keys, ma.values, ma.bias):
+        numbers += 0 if a is None else int(np.prod(np.shape(a)))
+    masks = L * S * (1 + (0 if ma.layer_masks is None else layers))
+    return (numbers * 16 / 3 + masks * 4 / 3) / 1e6
+
+
+def _check_size(ma, name: str, view: str) -> None:
+    mb = page_mb(ma)
+    if mb > MAX_PAGE_MB:
+        layers, H, L, S = np.shape(ma.weights)
+        what = f"{name.lower()}_attention" if name else "attention"
+        narrow = "include_layers=[...]" + (", include_heads=[...]" if view == "model" else "")
+        raise AttnlabError(
+            f"{what}: {layers} layers x {H} heads x {L} x {S} tokens make a {mb:.0f} MB page, "
+            f"above {MAX_PAGE_MB} MB; narrow it with {narrow} or fewer tokens (slice the "
+            f"attentions' last two dims and the tokens to a range)")
+
+
 def _sentence_choices(n: int, b) -> list[dict]:
     """bertviz's sentence-pair filter: all tokens, or sentence A / B queries to A / B keys."""
     if isinstance(b, bool) or not isinstance(b, int) or not 0 < b < n:
@@ -172,6 +201,7 @@ def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer
         lids = _positions("include_layers", include_layers, ma.n_layers, "layers")
         hids = _positions("include_heads", include_heads, ma.n_heads, "heads")
         ma = _select(ma, lids, hids)
+        _check_size(ma, name, view)
         if layer is not None and "layer" not in opening:
             opening["layer"] = _opening_index("layer", layer, lids, ma.n_layers, "layers")
         if view == "head" and "heads" not in opening:  # bertviz: the heads shown (None: all)
