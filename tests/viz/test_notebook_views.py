@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import attnlab.viz as viz
-from attnlab import notebook_views
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
+from attnlab.viz import notebook_views
 from viz.fakes import XSS, fake_capture
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]", "it", "slept", "[SEP]"]

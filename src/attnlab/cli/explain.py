@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from attnlab.cli.model_options import add_model, check_text, open_model, run_text
+from attnlab.cli.options import add_model, check_text, open_model, run_text
 
 
 def add_parser(sub):

@@ -1,11 +1,11 @@
 """`attnlab heads TEXT...`: what each head of a model does, as statistics over one or more texts.
 
-For every layer and head: entropy (and normalised), mass on itself / the previous / the next
+For every layer and head: entropy (and normalized), mass on itself / the previous / the next
 token, on the first token (sink, [CLS]), on special tokens and on punctuation, the mean largest
 weight, the most common arg-max offset and its share, and the duplicate-token and induction scores;
 then a label per head. `--repeat-random N` runs the induction probe (N random tokens, then the
 same N again, seeded): its `induction` is the induction score (and `duplicate` comes from it too).
-Definitions: `attnlab.explain.heads`.
+Definitions: `attnlab.explain.head_statistics`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import argparse
 import json
 import sys
 
-from attnlab.cli.model_options import (
+from attnlab.cli.options import (
     add_model,
+    check_choice,
     check_output,
     check_text,
     open_model,
     read_lines,
     run_text,
 )
-from attnlab.explain.head_names import STATS
 
 
 def add_parser(sub):
@@ -34,7 +34,7 @@ def add_parser(sub):
     p.add_argument("--repeat-random", type=int, metavar="N", default=None,
                    help="the induction probe: N random tokens then the same N again")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe's tokens (default 0)")
-    p.add_argument("--sort", default=None, choices=STATS, metavar="STAT",
+    p.add_argument("--sort", default=None, metavar="STAT",
                    help="sort heads by this statistic, largest first (default: max; induction "
                    "with --repeat-random)")
     p.add_argument("--top", type=int, default=None, metavar="K",
@@ -61,10 +61,11 @@ def _texts(args) -> list[str]:
 
 def run(args) -> int:
     from attnlab.errors import AttnlabError
-    from attnlab.explain.heads import head_stats, with_induction
+    from attnlab.explain.head_statistics import STATS, head_stats, with_induction
     from attnlab.explain.probe import repeat_random
     from attnlab.viz.heads_report import heads_csv, render_heads
 
+    check_choice("--sort", args.sort, STATS)
     if args.top is not None and args.top < 1:
         raise AttnlabError(f"--top {args.top}: expected a positive number")
     if args.repeat_random is not None and args.repeat_random < 1:
@@ -113,6 +114,7 @@ def plot_stat(text, out, *, stat, run=None, model=None) -> str:
     """`attnlab plot --stat` (a heatmap over `text`) or `--run DIR --stat` (curves over training);
     returns the line to print."""
     from attnlab.errors import AttnlabError
+    from attnlab.explain.head_statistics import STATS
 
     if stat is None:
         raise AttnlabError(f"--stat: give the statistic to draw, one of {', '.join(STATS)}")
@@ -127,7 +129,7 @@ def plot_stat(text, out, *, stat, run=None, model=None) -> str:
         return f"wrote {out} ({stat} per head over the run in {run})"
     if text is None:
         raise AttnlabError("TEXT: give the text to run the model on (or --run DIR)")
-    from attnlab.explain.heads import head_stats
+    from attnlab.explain.head_statistics import head_stats
     from attnlab.viz.head_figures import figure_stat, save_figure
 
     check_text("TEXT", text)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.model_options import add_model, check_output, check_text, open_model, run_text
+from attnlab.cli.options import add_model, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -46,7 +46,7 @@ def run(args) -> int:
     if args.text is None:
         raise AttnlabError("TEXT: give the text to run the model on")
     check_text("TEXT", args.text)
-    ma = run_text(open_model(args.model), args.text)
+    ma = run_text(args.model, args.text)
     save_plot(ma, out, args.layer, args.head)
     what = ("all layers and heads" if args.layer is None else
             f"layer {args.layer}, all heads" if args.head is None else

@@ -1,7 +1,7 @@
 """`attnlab rollout TEXT --token WORD`: where a token's information came from, through every layer.
 
 Attention rollout multiplies each layer's head-averaged weights, with the residual connection
-added as attention to itself (Ã = (Ā + I), rows renormalised); attention flow is the maximum flow
+added as attention to itself (Ã = (Ā + I), rows renormalized); attention flow is the maximum flow
 through the same layers seen as a graph (Abnar & Zuidema 2020). Both give, for the token, a share
 per input token that sums to 100%. `-o FILE.png|.svg` draws both as bars.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.model_options import add_model, check_output, check_text, open_model, run_text
+from attnlab.cli.options import add_model, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -51,7 +51,7 @@ def run(args) -> int:
     check_text("--token", args.token)
     if args.output:
         check_output("-o", args.output, (".png", ".svg"))
-    att = run_text(open_model(args.model), args.text)
+    att = run_text(args.model, args.text)
     sources = token_sources(att, args.token, heads)
     if args.json:
         json.dump(sources.to_json(), sys.stdout, indent=1)

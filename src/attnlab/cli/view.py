@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.model_options import add_model, check_output, check_text, open_model, run_text
+from attnlab.cli.options import add_model, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -27,7 +27,7 @@ def run(args) -> int:
 
     check_text("TEXT", args.text)
     out = check_output("-o", args.output, (".html", ".htm"))
-    ma = run_text(open_model(args.model), args.text)
+    ma = run_text(args.model, args.text)
     write_page(ma, out, text=args.text)
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1024:.0f} KiB, {ma.model_name}, {ma.n_layers} layers x "

@@ -7,6 +7,7 @@ quiet → load → run.
     out = check_output("-o", args.output, (".png", ".svg"))
     loaded = open_model(args.model)      # transformers quiet, the model loaded (cached)
     att = run_text(loaded, args.text)    # every layer's and head's attention on the text
+    att = run_text(args.model, args.text)  # the same, loading on the way
 
 Imports of the library happen inside the functions: `attnlab --help` builds every parser without
 loading numpy or torch.
@@ -74,8 +75,19 @@ def open_model(model: str | None):
     return load_model(model)
 
 
-def run_text(loaded, text: str):
-    """The model's attention on `text` (every layer and head), as a ModelAttention."""
+def run_text(model, text: str):
+    """The attention of `model` (a loaded model from `open_model`, or the --model value) on
+    `text`, every layer and head, as a ModelAttention."""
+    from attnlab.adapters.quiet import quiet_transformers
     from attnlab.explain.model import run_model
 
-    return run_model(text, loaded)
+    quiet_transformers()
+    return run_model(text, model)
+
+
+def check_choice(name: str, value: str | None, choices) -> str | None:
+    """`value` (None: not given) as one of `choices`, checked where the command runs: the names
+    live with what they name, which `--help` does not import."""
+    if value is not None and value not in choices:
+        raise AttnlabError(f"{name} {value!r}: expected one of {', '.join(choices)}")
+    return value
