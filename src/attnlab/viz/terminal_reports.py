@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnlab.capture import ModelAttention
+from attnlab.explain.token import ExplainReport
 from attnlab.viz.terminal import _rich, bars, heatmap
 
 TOP_K = 12  # bars shown for one token before the rest is summarised
 
 
-def explain_drawing(report: dict, att):
+def explain_drawing(report: ExplainReport, att: ModelAttention):
     """For the head `attnlab explain` details: the focus token's weights as bars, then the
     whole head as a heatmap (first tokens only when long, with a notice)."""
     Group, _, Text = _rich()
-    d, toks = report["detail"], report["tokens"]
-    layer, head = d["layer"], d["head"]
-    word = toks[report["focus"]]
+    d, toks = report.detail, report.tokens
+    layer, head = d.layer, d.head
+    word = toks[report.focus]
     return Group(
         Text(""),
-        bars(d["weights"], toks, allowed=d["mask"], top_k=TOP_K,
+        bars(d.weights, toks, allowed=d.mask, top_k=TOP_K,
              title=f'what "{word}" borrows in layer {layer}, head {head}'),
         Text(""),
         heatmap(np.asarray(att.weights[layer, head]), att.tokens, att.tokens, mask=att.mask,
