@@ -26,7 +26,7 @@ def pct(x: float) -> str:
 
 
 def test_lesson_numbers_in_the_readme():
-    s = {sec["name"]: sec for sec in build_lesson()}
+    s = {sec.name: sec.to_json() for sec in build_lesson()}
     divided = _find(r"dividing by the total fails\s+\(([^)]*)\)")[0]
     want = ", ".join(f"{round(100 * x)}%".replace("-", "−") for x in s["normalize"]["divided"])
     assert divided == want
