@@ -1,5 +1,7 @@
 """`attnlab <command>`: a thin layer over the library. Each command lives in its own module here,
-with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`."""
+with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`; `options` holds
+what the commands share (`--model`, the checks of text and output arguments made before a model
+loads, and the quiet -> load -> run opening). Errors are one line and exit 2; warnings one line."""
 
 from __future__ import annotations
 
