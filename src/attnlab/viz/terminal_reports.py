@@ -8,7 +8,8 @@ import numpy as np
 from attnlab.capture import ModelAttention
 from attnlab.explain.lesson_records import Section
 from attnlab.explain.token import ExplainReport
-from attnlab.viz.terminal import _rich, bars, heatmap
+from attnlab.viz.lesson_text import render_lesson
+from attnlab.viz.terminal import _rich, bars, heatmap, show
 
 TOP_K = 12  # bars shown for one token before the rest is summarised
 
@@ -51,9 +52,6 @@ def lesson_drawing(section: Section):
 def show_lesson(sections: list[Section], stream=None) -> None:
     """The lesson's text (unchanged, never re-wrapped) with each section's drawing under it."""
     import sys
-
-    from attnlab.viz.lesson_text import render_lesson
-    from attnlab.viz.terminal import show
 
     stream = sys.stdout if stream is None else stream
     for i, s in enumerate(sections, 1):
