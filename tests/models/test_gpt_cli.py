@@ -37,6 +37,12 @@ def test_train_resume_generate(tmp_path, capsys):
                    "'é'")
     one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "a", "--top-k", "0"],
                    "top_k")
+    for flag, value, needle in (("--temperature", "inf", "temperature: expected a finite"),
+                                ("--temperature", "nan", "temperature: expected a finite"),
+                                ("--seed", str(10**24), "seed: expected an int of magnitude"),
+                                ("--max-new-tokens", str(10**12), "max_new_tokens: expected")):
+        one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "a", flag, value],
+                       needle)
 
 
 @pytest.mark.parametrize("argv, needles", [

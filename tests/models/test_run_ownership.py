@@ -83,8 +83,8 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         Trainer.start("tiny", out=out, **RUN).run()
     said = [r.getMessage() for r in caplog.records if "stale lock" in r.getMessage()]
-    assert said == [f"out: took over the stale lock of pid {dead} on {socket.gethostname()} "
-                    "since 2026-01-01T00:00:00Z (it is no longer running)"], said
+    assert said == [f"{out}: took over the stale lock of pid {dead} on {socket.gethostname()} "
+                    "since 2026-01-01T00:00:00Z, which is no longer running"], said
     assert load_checkpoint(out)[0].config.n_layer == 1
     assert not (out / LOCK_FILE).exists()  # released when the run ended
 

@@ -16,7 +16,9 @@ A load trusts nothing in the directory (see `checkpoint_checks`): file names mus
 inside it, each tensor file must match its recorded SHA-256, parse, hold finite values of the
 shapes the config needs, and carry the step attnlab.json names. Checkpoints of format version 1
 (written before hashes were recorded) load without the hash check; the next save records them.
-Caution: one process saves to a directory at a time; a second one would delete the first's files.
+Caution: one process may save to a directory at a time (a second would delete the first's
+files): `Trainer` holds the directory's lock (`run_lock`) while it trains and saves;
+`save_checkpoint` called directly does not lock.
 """
 
 from __future__ import annotations

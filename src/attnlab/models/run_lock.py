@@ -97,8 +97,8 @@ class RunLock:
             return False
         left = _read_holder(fd)
         if left and left.get("pid") != os.getpid():
-            log.warning("%s: took over the stale lock of %s (it is no longer running)",
-                        self.what, _describe(left))
+            log.warning("%s: took over the stale lock of %s, which is no longer running",
+                        self.path.parent, _describe(left))
         _write_holder(fd)
         self._fd = fd
         return True
@@ -114,8 +114,8 @@ class RunLock:
                 return True
             if not _stale(holder):
                 raise AttnlabError(self._refusal(holder)) from None
-            log.warning("%s: took over the stale lock of %s (it is no longer running)",
-                        self.what, _describe(holder))
+            log.warning("%s: took over the stale lock of %s, which is no longer running",
+                        self.path.parent, _describe(holder))
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             return False
