@@ -58,3 +58,15 @@ def test_bad_arguments_give_one_clear_line(capsys, argv, needles):
 def test_resume_without_a_checkpoint(tmp_path, capsys):
     one_line_error(capsys, ["train", "--out", str(tmp_path), "--resume"], "--resume",
                    "no checkpoint")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lr", "1e308"], "lr: 1e+308 is beyond the limit of 1000"),
+    (["--threads", "100000000"], "--threads: 100000000 is beyond the limit of 1024"),
+    (["--nproc", "100000"], "--nproc: 100000 is beyond the limit of 1024"),
+    (["--max-steps", str(10**12)], "max_steps: 1e+12 is beyond the limit"),
+    (["--batch-size", str(10**12)], "batch_size: 1e+12 is beyond the limit"),
+])
+def test_out_of_range_numbers_are_one_line_before_training(tmp_path, capsys, args, needle):
+    one_line_error(capsys, ["train", "--out", str(tmp_path / "r"), "--quiet", *args], needle)
+    assert not (tmp_path / "r" / "attnlab.json").exists()

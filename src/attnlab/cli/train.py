@@ -7,6 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+#: the most threads, and local processes, one `attnlab train` starts
+MAX_LOCAL = 1024
+
 
 def add_parser(sub):
     p = sub.add_parser("train", help="train a small GPT on the bundled Shakespeare corpus",
@@ -67,6 +70,9 @@ def run(args) -> int:
                     ("--nproc", args.nproc), ("--dp", args.dp), ("--cp", args.cp)):
         if v is not None and v < 1:
             raise AttnlabError(f"{flag}: expected a positive number, got {v}")
+    for flag, v in (("--threads", args.threads), ("--nproc", args.nproc)):
+        if v is not None and v > MAX_LOCAL:  # threads and processes of this one machine
+            raise AttnlabError(f"{flag}: {v} is beyond the limit of {MAX_LOCAL}")
     _check_schedule(args)
     out = Path(args.out or Path("runs") / args.preset)
     if launched():
