@@ -171,3 +171,9 @@ def test_killing_the_launcher_takes_the_workers_down(tmp_path, caplog):
         t.run()
     assert t.step == step + 1
     assert any(f"stale lock of pid {launcher.pid}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_directory_that_cannot_hold_the_lock_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(AttnlabError, match=r"out: cannot lock .*file/run \(Not a directory\)"):
+        RunLock(tmp_path / "file" / "run").acquire()

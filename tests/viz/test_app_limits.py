@@ -150,10 +150,10 @@ def _slow_clients(port: int, n: int, every_s: float, stop: threading.Event):
 def test_slow_header_clients_cannot_keep_out_a_real_request(served):
     server = served()  # the defaults: 32 connections, 10 s per request
     stop = threading.Event()
-    thread, socks = _slow_clients(server.server_port, 40, 2.0, stop)
+    thread, socks = _slow_clients(server.server_port, 40, 0.5, stop)
     try:
-        time.sleep(0.3)
-        for _ in range(3):  # each answered while the 40 keep sending
+        for _ in range(3):  # each answered while the 40 keep sending, a line each twice a second
+            time.sleep(0.6)
             status, _, raw = _request(server, "GET", "/api/models")
             assert status == 200, raw
     finally:

@@ -53,10 +53,14 @@ class RunLock:
     def acquire(self) -> RunLock:
         if self.held:
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(20):  # retried only when the holder released it while we looked
-            if self._try_acquire():
-                return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            for _ in range(20):  # retried only when the holder released it while we looked
+                if self._try_acquire():
+                    return self
+        except OSError as e:
+            raise AttnlabError(f"{self.what}: cannot lock {self.path.parent} "
+                               f"({e.strerror or e})") from None
         raise AttnlabError(f"{self.what}: could not lock {self.path.parent} (its lock file kept "
                            "changing)")
 

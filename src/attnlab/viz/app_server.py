@@ -66,6 +66,9 @@ class AppServer(ThreadingHTTPServer):
     """
 
     daemon_threads = True
+    #: connections the kernel queues before accept (socketserver's 5 drops a burst's SYNs, and
+    #: every dropped one waits a second or more to retry)
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler, *,
                  max_connections: int = MAX_CONNECTIONS):
