@@ -218,12 +218,14 @@ def test_an_unreadable_attnlab_json_is_one_clear_error(ck, text):
 
 
 @pytest.mark.parametrize("key, value", [("history", None), ("val", "x"), ("tokens_seen", None),
-                                        ("elapsed_s", "1 s")])
+                                        ("elapsed_s", "1 s"), ("history", [1]), ("val", ["x"]),
+                                        ("val", [{"step": 1}]),
+                                        ("history", [{"step": 1, "loss": "low"}])])
 def test_resume_checks_the_training_state(ck, key, value):
     doc = doc_of(ck)
     doc["state"][key] = value
     write_doc(ck, doc)
-    with pytest.raises(AttnlabError, match=f"'state.{key}'"):
+    with pytest.raises(AttnlabError, match=rf"'state\.{key}(\[0\])?'"):
         Trainer.resume(ck)
     doc["train"]["lr"] = "fast"
     write_doc(ck, doc)

@@ -411,4 +411,14 @@ def _resume_state(meta: Path, state: dict) -> dict:
             raise AttnlabError(f"checkpoint: {meta}: 'state.{key}' is missing or not a "
                                f"{'list' if kind is list else 'number'} (got "
                                f"{state.get(key)!r:.80})")
+    for key, field in (("history", "loss"), ("val", "val_loss")):
+        for i, entry in enumerate(state[key]):
+            if not (isinstance(entry, dict) and _is_number(entry.get(field))
+                    and _is_number(entry.get("step"))):
+                raise AttnlabError(f"checkpoint: {meta}: 'state.{key}[{i}]' must be an object "
+                                   f"with numbers 'step' and '{field}', got {entry!r:.80}")
     return state
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
