@@ -444,6 +444,15 @@ def test_an_oversized_attnlab_json_is_refused_unread(ck, monkeypatch):
         load_checkpoint(ck)
 
 
+@pytest.mark.parametrize("kind", ["model", "trainer"])
+def test_a_tensor_file_bigger_than_its_config_allows_is_refused_unread(ck, kind):
+    with open(tensor_file(ck, kind), "r+b") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB for a model of ~5,000 parameters
+    with pytest.raises(AttnlabError, match=r"is 67,108,864 bytes, more than the [\d,]+ attnlab "
+                       "reads for it"):
+        read_checkpoint(ck, with_trainer=True)
+
+
 def test_an_attnlab_json_linked_from_outside_is_refused(ck, tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()

@@ -193,14 +193,23 @@ def read_checkpoint(path, *, with_trainer: bool = False) -> Checkpoint:
         raise AttnlabError(f"checkpoint: no attnlab checkpoint at {str(path)!r} (expected a "
                            f"directory with {META_FILE} and the weights it names)")
     doc = parse_doc(p)
+    # the config bounds the tensor files' size before they are read into memory
+    config = checked_config(p / META_FILE, "model", GPTConfig.from_dict, doc["model"])
     tensors = {}
     for kind in ["model"] + (["trainer"] if with_trainer else []):
         name = doc["files"].get(kind)
         if not name:
             raise AttnlabError(f"checkpoint: {p} has no {kind} state; it cannot be resumed")
         want = doc["sha256"][kind] if doc["version"] >= 2 else None
-        tensors[kind] = read_tensor_file(st, p / name, want, doc["state"]["step"])
+        tensors[kind] = read_tensor_file(st, p / name, want, doc["state"]["step"],
+                                         max_bytes=_max_file_bytes(config))
     return Checkpoint(p, doc, tensors["model"], tensors.get("trainer"))
+
+
+def _max_file_bytes(config: GPTConfig) -> int:
+    """More than any tensor file of a model of `config` can hold: float64 weights, or AdamW's
+    two moments of each, with room for biases, norms and the RNG state."""
+    return 3 * 8 * (config.approx_params() * 5 // 4 + (1 << 20))
 
 
 def model_from_checkpoint(ck: Checkpoint, *, dropout: float | None = None):

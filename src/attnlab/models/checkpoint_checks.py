@@ -76,7 +76,7 @@ def read_file(p: Path, name: str, limit: int | None = None) -> bytes:
                                "file")
         if limit is not None and st.st_size > limit:
             raise AttnlabError(f"checkpoint: {path} is {st.st_size:,} bytes, more than the "
-                               f"{limit:,} attnlab reads")
+                               f"{limit:,} attnlab reads for it")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as f:
@@ -171,11 +171,13 @@ def check_file_name(p: Path, label: str, name) -> Path:
     return path
 
 
-def read_tensor_file(st, path: Path, want_sha: str | None, want_step: int) -> dict:
-    """The tensors of one safetensors file, after its hash, format, step and values check out."""
+def read_tensor_file(st, path: Path, want_sha: str | None, want_step: int,
+                     max_bytes: int | None = None) -> dict:
+    """The tensors of one safetensors file (at most `max_bytes`, checked before reading), after
+    its hash, format, step and values check out."""
     from safetensors import SafetensorError
 
-    data = read_file(path.parent, path.name)
+    data = read_file(path.parent, path.name, max_bytes)
     if want_sha is not None and sha256(data) != want_sha:
         raise AttnlabError(f"checkpoint: {path} does not match the SHA-256 recorded in "
                            f"{META_FILE}: the file is damaged or was changed")
