@@ -177,3 +177,36 @@ def test_a_directory_that_cannot_hold_the_lock_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(AttnlabError, match=r"out: cannot lock .*file/run \(Not a directory\)"):
         RunLock(tmp_path / "file" / "run").acquire()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_worker_ends_itself_when_its_launcher_is_gone(direct):
+    """A stand-in launcher (a shell) starts a worker that calls die_with_launcher, directly or
+    through an intermediate process, then is killed with SIGKILL."""
+    worker = ("import os, sys, time; from attnlab.models.launch import die_with_launcher; "
+              "assert die_with_launcher(poll_s=0.05); print(os.getpid(), flush=True); "
+              "time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "ATTNLAB_LOCAL_LAUNCH": "1"}
+    inner = f"{sys.executable} -c '{worker}'"
+    # the shell exports its own pid as the launcher's, then runs the worker (behind a second
+    # shell when not direct) and waits
+    script = (f'export ATTNLAB_LAUNCHER_PID=$$; {inner} & wait' if direct
+              else f'export ATTNLAB_LAUNCHER_PID=$$; sh -c "{inner}; :" & wait')
+    launcher = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env=env)
+    pid = 0
+    try:
+        pid = int(launcher.stdout.readline())
+        assert _alive(pid)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the worker outlived its launcher"
+    finally:
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()

@@ -297,9 +297,9 @@ def _worker(args, out: Path) -> int:
     """One rank of a torchrun / --nproc job: join the group, train, leave."""
     from attnlab.errors import AttnlabError
     from attnlab.models.launch import die_with_launcher
+    from attnlab.models.parallel import setup
 
     die_with_launcher()  # our launcher killed (kill -9 too): this worker stops at once
-    from attnlab.models.parallel import setup
 
     world = int(os.environ["WORLD_SIZE"])
     if getattr(args, "track_heads", False):

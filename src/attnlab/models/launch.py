@@ -84,16 +84,35 @@ def die_with_launcher(poll_s: float = 0.25) -> bool:
         return False
     if launcher <= 1:
         return False
-    _parent_death_signal(signal.SIGKILL)
-    if os.getppid() != launcher:  # it died before the signal was armed
+    if os.getppid() == launcher:  # the launcher started this process itself (torch's way)
+        _parent_death_signal(signal.SIGKILL)
+
+        def gone() -> bool:  # a dead parent's children are reparented at once
+            return os.getppid() != launcher
+    else:  # an intermediate process, or the launcher died already
+
+        def gone() -> bool:
+            return not _alive(launcher)
+
+    if gone():  # it died before the signal was armed
         os.kill(os.getpid(), signal.SIGKILL)
 
     def watch():  # where prctl is missing, and should the kernel's signal not come
-        while os.getppid() == launcher:
+        while not gone():
             time.sleep(poll_s)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="attnlab-launcher-watch", daemon=True).start()
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, under another user
+        return True
     return True
 
 

@@ -16,6 +16,10 @@ writes checkpoints and shows progress, and no rank goes on before the save has c
 request (`request_stop`, Ctrl-C) travels with the step's loss: every rank learns of it in the same
 step, so all stop after that step and the checkpoint they save is one they agree on.
 Checkpoints are the one-process format: they load in one process and resume under any (D, C).
+
+One writer per run directory: `run` and `save` hold the directory's lock (see
+`attnlab.models.run_lock`; rank 0 alone across processes, or the launcher of `attnlab train
+--nproc` for its workers), and a second trainer on the directory is refused, naming the holder.
 """
 
 from __future__ import annotations
