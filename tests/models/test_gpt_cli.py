@@ -61,7 +61,7 @@ def test_resume_without_a_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--lr", "1e308"], "lr: 1e+308 is beyond the limit of 1000"),
+    (["--lr", "1e308"], "lr: 1e+308 is beyond the limit of 1e+30"),
     (["--threads", "100000000"], "--threads: 100000000 is beyond the limit of 1024"),
     (["--nproc", "100000"], "--nproc: 100000 is beyond the limit of 1024"),
     (["--max-steps", str(10**12)], "max_steps: 1e+12 is beyond the limit"),

@@ -21,8 +21,9 @@ LIMITS = {"vocab_size": 1 << 20, "block_size": 1 << 16, "n_layer": 1024, "n_head
           "eval_batches": 10_000, "warmup_steps": 10**9}
 #: parameters a GPTConfig may describe (4 GiB of float32 weights)
 MAX_PARAMS = 1 << 30
-#: the largest learning rate (AdamW's float32 update overflows near 1e38; useful ones are < 1)
-MAX_LR = 1e3
+#: the largest learning rate: AdamW's float32 update overflows into an error near 1e38 (useful
+#: rates are below 1; a huge one diverges, and training stops with a clear error)
+MAX_LR = 1e30
 #: |seed| bound: batch generators are seeded with seed * 1_000_003 + step, inside 64 bits
 MAX_SEED = 1 << 40
 
@@ -179,6 +180,8 @@ class TrainConfig:
             raise AttnlabError(f"corpus: expected a name, got {self.corpus!r:.40}")
         if self.lr > MAX_LR:
             raise AttnlabError(f"lr: {self.lr:g} is beyond the limit of {MAX_LR:g}")
+        if self.weight_decay > 1000:  # lr x weight_decay stays inside float32 too
+            raise AttnlabError(f"weight_decay: {self.weight_decay:g} is beyond the limit of 1000")
         if not 0 < self.min_lr <= self.lr:
             raise AttnlabError(f"lr, min_lr: expected 0 < min_lr <= lr, got {self.lr}, "
                                f"{self.min_lr}")
