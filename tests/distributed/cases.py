@@ -55,6 +55,7 @@ def exact_cases() -> list[dict]:
         c.setdefault("dtype", "fp64")
         c.setdefault("nan", False)
         c.setdefault("slow", False)
+        c.setdefault("scale", None)
         cases.append(c)
 
     for P in (1, 2, 3, 4):
@@ -85,12 +86,16 @@ def exact_cases() -> list[dict]:
         for strategy in ("ring", "allgather"):
             add(P=4, layout=layout, strategy=strategy, mask="docshard", L=37,
                 slow=layout == "zigzag")
+    for scale in (-0.5, 0.0):  # PyTorch's fused causal kernel is NaN for these alone
+        for strategy in STRATEGIES:
+            add(P=2, layout="zigzag", strategy=strategy, mask="causal", L=29, scale=scale)
     for dtype in ("fp32", "bf16"):
         for strategy in STRATEGIES:
             add(P=4, layout="zigzag", strategy=strategy, mask="causal", L=64, B=1, dtype=dtype)
     for i, c in enumerate(cases):
         c["id"] = (f"P{c['P']}-{c['layout']}-{c['strategy']}-{c['mask']}-L{c['L']}-"
-                   f"{c['heads']}-D{c['D']}-{c['dtype']}" + ("-nan" if c["nan"] else ""))
+                   f"{c['heads']}-D{c['D']}-{c['dtype']}" + ("-nan" if c["nan"] else "")
+                   + ("" if c["scale"] is None else f"-scale{c['scale']:g}"))
         c["seed"] = i
     return cases
 
@@ -118,7 +123,7 @@ def run_case(c: dict, group, rank: int) -> dict:
         dead = ~mask.to_dense(L, L).any(-2)[:, :, :, None]  # (B, 1, S, 1)
         k64 = k64.masked_fill(dead, float("nan"))
         v64 = v64.masked_fill(dead, float("nan"))
-    kw = dict(mask=mask, is_causal=is_causal, enable_gqa=Hkv != H)
+    kw = dict(mask=mask, is_causal=is_causal, enable_gqa=Hkv != H, scale=c["scale"])
     lay = c["layout"]
     # ulysses: attnlab.attention's lse carries no gradient; the plain implementation has no lse
     big = L > 256  # the math backend's L×S buffers would be large: use the default one, no lse
