@@ -27,7 +27,7 @@ M = 0xFFFFFFFF
 def group():
     """(exact results per rank, p = 0 results per rank, GPT results per rank) on 4 processes."""
     from distributed.dropout_cases import all_cases
-    from distributed.launch import run_group
+    from distributed.harness import run_group
 
     per_rank = run_group(all_cases, 4, timeout_s=240)
     return tuple([r[what] for r in per_rank] for what in ("exact", "p0", "gpt"))
