@@ -101,6 +101,21 @@ def test_ulysses_needs_divisible_heads():
     assert p.choice in ("ring", "allgather")
 
 
+@pytest.mark.parametrize("H, Hkv, P, K", [(8, 8, 4, 8), (8, 2, 4, 4), (4, 1, 4, 4),
+                                          (12, 3, 4, 12), (6, 2, 3, 6), (32, 8, 16, 16)])
+def test_ulysses_replicates_kv_heads_to_lcm(H, Hkv, P, K):
+    """K/V travel with lcm(Hkv, P) heads: as many as there are when P divides Hkv, else copies
+    so that each rank gets whole heads; the bytes are q's, out's and lse's plus K heads of k, v."""
+    from attnlab.distributed.cost import ulysses_kv_heads
+
+    assert ulysses_kv_heads(Hkv, P) == K
+    L, D = 64 * P, 32
+    e = cp.plan(L, H, Hkv, D, P, layout="contiguous", dtype="fp32")["ulysses"]
+    n = L // P
+    tensors = [H * n * D, K * n * D, K * n * D, H * n * D, H * n]  # q, k, v, out, lse (x4 B)
+    assert e.feasible and e.fwd_sent == [sum((P - 1) * 4 * t // P for t in tensors)] * P
+
+
 def test_explain_names_the_pick_and_the_others():
     ch = cp.explain(4096, 8, 8, 64, 4, mask=masks.sliding_window(64), layout="contiguous")
     assert ch.strategy == "ring"
@@ -123,7 +138,9 @@ def test_cli_plan_cp_table(capsys):
                  "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
     out = capsys.readouterr().out
     assert "| 8 | ring |" in out and "| 16 | allgather |" in out and "**auto**" in out
-    assert "needs query heads H = 32 and key/value heads Hkv = 8 divisible by world = 16" in out
+    # 8 key/value heads replicated to 16, one a rank: (q 32 + k, v 16 + 16 + out 32 + lse 0.5)
+    # MiB x 15/16
+    assert "| 16 | ulysses | 90.5 |" in out
     assert "10 µs per message" in out
 
 

@@ -14,7 +14,8 @@ a key row is B·Hkv·(D + Dv) elements; c[r][s] = how many of rank s's keys rank
 - allgather, all ranks need all: forward (P−1)·n key rows in two all-gathers; backward the same
   again + (P−1)·n gradient rows (a) in two reduce-scatters. Otherwise the ring's transfers, all
   at once.
-- ulysses: q, k, v, and out with lse side by side, each move (P−1)/P of their shard in one
+- ulysses: q, k, v (k and v with lcm(Hkv, P) heads: replicated when P does not divide Hkv), and
+  out with lse side by side, each move (P−1)/P of their shard in one
   all-to-all each, forward; their gradients the same backward, the lse's always (zeros where a
   loss does not use it), so every loss sends the same.
 - messages: a send is one; a collective counts P − 1 each way (as `comm` counts them).
@@ -33,6 +34,7 @@ what the code does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -173,23 +175,43 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
     else:
         out["allgather"] = make("allgather", *p2p, flops, False)
 
-    if H % P or Hkv % P or per_head_mask:
-        why = (f"needs query heads H = {H} and key/value heads Hkv = {Hkv} divisible by "
-               f"world = {P}" if H % P or Hkv % P else "a per-head mask cannot be split by heads")
+    why = ulysses_why_not(H, Hkv, P, per_head_mask)
+    if why:
         out["ulysses"] = Estimate("ulysses", False, why)
     elif P == 1:
         out["ulysses"] = make("ulysses", *[zeros] * 8, flops, False)
     else:
-        nq = geom.q.n_max
-        lse = B * H * nq * a  # lse travels in the accumulation dtype
-        tensors = [B * H * nq * D * e, B * Hkv * n * D * e, B * Hkv * n * Dv * e,
-                   B * H * nq * Dv * e, lse]
-        moved = sum((P - 1) * t // P for t in tensors)  # the same again backward
+        moved = ulysses_moved(B, H, ulysses_kv_heads(Hkv, P), D, Dv, geom.q.n_max, n, P, e, a)
         even = [sum(flops) / P] * P  # every rank runs all tokens of H/P heads
         m = [4 * (P - 1)] * P  # all-to-alls of q, k, v and out + lse; of their gradients
         out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [moved] * P, [moved] * P,
                               m, m, m, m, even, False)
     return out
+
+
+def ulysses_kv_heads(Hkv: int, P: int) -> int:
+    """Key/value heads that travel in an all-to-all over P ranks: lcm(Hkv, P). Hkv itself when P
+    divides it; otherwise each head is replicated lcm/Hkv times (P a multiple of Hkv: P/Hkv
+    copies, one per rank), so every rank gets whole heads for its H/P query heads (lcm(Hkv, P)
+    divides H whenever P and Hkv do)."""
+    return Hkv * P // math.gcd(Hkv, P)
+
+
+def ulysses_why_not(H: int, Hkv: int, P: int, per_head_mask: bool) -> str:
+    """Why the head split does not go over P ranks ("" when it does)."""
+    if H % P:
+        return (f"needs query heads H = {H} divisible by world = {P} (each rank attends H/P "
+                f"whole heads; key/value heads Hkv = {Hkv} are replicated as needed)")
+    return "a per-head mask cannot be split by heads" if per_head_mask else ""
+
+
+def ulysses_moved(B, H, K, D, Dv, nq, n, P, e, a) -> int:
+    """Bytes one rank sends (and receives) in a pass of the head all-to-alls over P ranks: q
+    (B, H, nq, D), k and v (B, K, n, D|Dv) with K = ulysses_kv_heads, and out with the lse
+    (B, H, nq, Dv + a/e) — (P−1)/P of each; the backward moves their gradients, the same."""
+    tensors = [B * H * nq * D * e, B * K * n * D * e, B * K * n * Dv * e, B * H * nq * Dv * e,
+               B * H * nq * a]  # the lse travels in the accumulation dtype
+    return sum((P - 1) * t // P for t in tensors)
 
 
 #: predicted times within this factor of the best count as a tie, broken by fewer bytes

@@ -1,0 +1,53 @@
+"""Context parallelism at scale, exact in float64 against one process with bytes and messages
+counted equal to `plan`: Ulysses with K/V heads replicated (GQA with fewer key/value heads than
+ranks, MQA), hybrid Ulysses × ring (all-to-all over heads inside groups of U ranks, the ring
+across groups), and the errors that name the head rule; one spawned group of 4 serves them all."""
+
+import pytest
+
+from distributed.scale_cases import GROUP_TIMEOUT_S, all_cases
+
+CASES = all_cases()
+
+
+@pytest.fixture(scope="module")
+def results():
+    from attnlab.distributed import spawn
+    from distributed.scale_cases import run_scale
+
+    out: dict = {}
+    for per_rank in spawn(run_scale, 4, timeout_s=240.0, group_timeout_s=GROUP_TIMEOUT_S):
+        for cid, res in per_rank.items():
+            out.setdefault(cid, []).append(res)
+    return out
+
+
+def _ranks(case, results):
+    per_rank = results[case["id"]]
+    assert len(per_rank) == case["P"]
+    for rank, r in enumerate(per_rank):
+        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
+    return per_rank
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_fp64_equals_one_process(case, results):
+    per_rank = _ranks(case, results)
+    assert sum(r["rows"] for r in per_rank) == case["L"]
+    for rank, r in enumerate(per_rank):
+        for what in ("out", "lse", "dq", "dk", "dv"):
+            assert r[what] <= 1e-10, f"rank {rank} {what}: relative error {r[what]:.3e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_bytes_and_messages_equal_plan(case, results):
+    for rank, r in enumerate(_ranks(case, results)):
+        assert r["got"] == r["plan"], (
+            f"rank {rank}: counted (bytes fwd sent, recv, bwd sent, recv, messages ...) "
+            f"{r['got']}, plan {r['plan']}")
+
+
+def test_uneven_heads_name_the_rule(results):
+    for errs in results["_errors"]:
+        msg = errs["uneven_heads"]
+        assert msg.startswith("AttnlabError") and "H = 6 divisible by world = 4" in msg, msg
