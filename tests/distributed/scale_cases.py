@@ -33,10 +33,8 @@ def hybrid_cases() -> list[dict]:
     for P, U, H, Hkv, layout, mk, L in ((4, 2, 4, 2, "zigzag", "causal", 37),
                                         (4, 2, 4, 4, "contiguous", "sliding", 29),
                                         (4, 2, 4, 1, "striped", "document", 29),
-                                        (4, 2, 2, 2, "zigzag", "padding", 26),
                                         (4, 2, 6, 3, "zigzag", "none", 21),
                                         (4, 4, 4, 2, "zigzag", "causal", 21),
-                                        (4, 1, 4, 2, "zigzag", "causal", 21),
                                         (2, 2, 2, 1, "contiguous", "prefix", 17)):
         out.append(dict(kind="hybrid", P=P, U=U, H=H, Hkv=Hkv, layout=layout, mask=mk, L=L,
                         strategy="hybrid"))
@@ -44,7 +42,7 @@ def hybrid_cases() -> list[dict]:
 
 
 def all_cases() -> list[dict]:
-    cases = head_cases()
+    cases = head_cases() + hybrid_cases()
     for i, c in enumerate(cases):
         c["seed"] = 4000 + i
         c["id"] = (f"{c['kind']}-P{c['P']}" + (f"U{c['U']}" if c["U"] else "")

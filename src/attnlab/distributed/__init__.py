@@ -9,7 +9,9 @@ the same answer as on one process, forward and backward.
 
 Strategies: "ring" (each rank's keys go straight to the ranks that need them, one ring distance
 at a time, overlapped with compute), "allgather" (fetch once), "ulysses" (all-to-all to head
-shards). Masks are global; empty (query, key) pairs are never computed, unneeded keys never sent.
+shards; K/V heads replicated when fewer than the ranks), "hybrid" (`ulysses_size=U`: all-to-all
+inside groups of U ranks, ring across groups). Masks are global; empty (query, key) pairs are
+never computed, unneeded keys never sent.
 
 `spawn(fn, P, ...)` runs fn on P local gloo processes (tests, benchmarks, trying it out).
 
@@ -26,6 +28,7 @@ from attnlab.distributed.api import (
 )
 from attnlab.distributed.comm import CommLog, record
 from attnlab.distributed.cost import Estimate, Plan, StrategyChoice, explain, plan
+from attnlab.distributed.hybrid import hybrid_groups
 from attnlab.distributed.layouts import LAYOUTS, positions
 from attnlab.distributed.spawn import SpawnError, spawn
 
@@ -39,6 +42,7 @@ __all__ = [
     "StrategyChoice",
     "context_parallel_attention",
     "explain",
+    "hybrid_groups",
     "init",
     "plan",
     "positions",

@@ -40,11 +40,12 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.grouped import GroupedGeometry
 from attnlab.distributed.layouts import check_layout
 from attnlab.errors import AttnlabError
 from attnlab.masks import Mask, causal
 
-STRATEGIES = ("ring", "allgather", "ulysses")
+STRATEGIES = ("ring", "allgather", "ulysses", "hybrid")
 #: what "auto" assumes when the call does not say: a datacenter link and chip
 DEFAULT_LINK_GBPS, DEFAULT_TFLOPS = 100.0, 100.0
 #: per-message latency, µs: a typical inter-node message over InfiniBand / RoCE (NCCL; a few µs
@@ -214,6 +215,63 @@ def ulysses_moved(B, H, K, D, Dv, nq, n, P, e, a) -> int:
     return sum((P - 1) * t // P for t in tensors)
 
 
+@dataclass(frozen=True)
+class HybridEstimate(Estimate):
+    """An Estimate whose head all-to-alls (`a2a_s`, inside groups) wait, while its ring part
+    (the rest of comm_s, across groups) overlaps compute."""
+
+    a2a_s: float = 0.0
+    ulysses_size: int = 1
+
+    @property
+    def time_s(self) -> float:
+        return self.a2a_s + max(self.comm_s - self.a2a_s, self.compute_s)
+
+
+def hybrid_why_not(H: int, Hkv: int, P: int, U: int | None, per_head_mask: bool) -> str:
+    if U is None:
+        return "needs ulysses_size=U, the ranks of a group (a divisor of world)"
+    if isinstance(U, bool) or not isinstance(U, int) or U < 1 or P % U:
+        return f"needs ulysses_size U dividing world = {P}, got {U!r}"
+    return ulysses_why_not(H, Hkv, U, per_head_mask)
+
+
+def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype,
+                    U: int | None, intra_gbps: float, inter_gbps: float, tflops: float,
+                    latency_us: float, per_head_mask: bool = False) -> Estimate:
+    """Bytes, messages, FLOPs and time of strategy "hybrid" on every rank (rank r = g·U + j:
+    member j of group g): the head all-to-alls over U ranks (each one's (U−1)/U of q, k, v, out
+    with lse; their gradients backward) at intra_gbps, plus the ring over the R groups for H/U
+    query heads and lcm(Hkv, U)/U key/value heads at inter_gbps."""
+    P = geom.world
+    why = hybrid_why_not(H, Hkv, P, U, per_head_mask)
+    if why:
+        return HybridEstimate("hybrid", False, why)
+    R, K = P // U, ulysses_kv_heads(Hkv, U)
+    e = torch.empty((), dtype=dtype).element_size()
+    a = 8 if dtype == torch.float64 else 4
+    geo = GroupedGeometry(geom.L, geom.S, R, geom.layout, geom.mask, U=U)
+    ring = estimate(geo, B=B, H=H // U, Hkv=K // U, D=D, Dv=Dv, dtype=dtype,
+                    link_gbps=inter_gbps, tflops=tflops, latency_us=latency_us)["ring"]
+    moved = ulysses_moved(B, H, K, D, Dv, geom.q.n_max, geom.k.n_max, U, e, a) if U > 1 else 0
+    msgs = 4 * (U - 1)  # all-to-alls of q, k, v and out + lse; of their gradients
+    of = [r // U for r in range(P)]  # the group (ring rank) of each rank
+
+    def per_rank(xs, add):
+        return [xs[g] + add for g in of]
+
+    fs, fr = per_rank(ring.fwd_sent, moved), per_rank(ring.fwd_recv, moved)
+    bs, br = per_rank(ring.bwd_sent, moved), per_rank(ring.bwd_recv, moved)
+    mfs, mfr = per_rank(ring.fwd_msgs_sent, msgs), per_rank(ring.fwd_msgs_recv, msgs)
+    mbs, mbr = per_rank(ring.bwd_msgs_sent, msgs), per_rank(ring.bwd_msgs_recv, msgs)
+    lat = latency_us * 1e-6
+    a2a = 2 * moved / (intra_gbps * 1e9 / 8) + 2 * msgs * lat  # forward + backward, waited on
+    flops = [ring.flops_fwd[g] for g in of]
+    return HybridEstimate("hybrid", True, "", fs, fr, bs, br, flops, a2a + ring.comm_s,
+                          3.5 * max(flops) / (tflops * 1e12), True, mfs, mfr, mbs, mbr,
+                          2 * msgs * lat + ring.latency_s, a2a_s=a2a, ulysses_size=U)
+
+
 #: predicted times within this factor of the best count as a tie, broken by fewer bytes
 TIE = 1.05
 
@@ -245,11 +303,19 @@ def _ms(s: float) -> str:
 def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = None,
          is_causal: bool = False, layout: str = "zigzag", dtype=torch.bfloat16, batch: int = 1,
          S: int | None = None, Dv: int | None = None, link_gbps: float = DEFAULT_LINK_GBPS,
-         tflops: float = DEFAULT_TFLOPS, latency_us: float = DEFAULT_LATENCY_US) -> Plan:
+         tflops: float = DEFAULT_TFLOPS, latency_us: float = DEFAULT_LATENCY_US,
+         ulysses_size: int | None = None, intra_gbps: float | None = None,
+         inter_gbps: float | None = None, calibration=None) -> Plan:
     """Predicted bytes, FLOPs, balance and time of every strategy for one attention call.
 
         >>> p = plan(4096, 8, 8, 64, 4, mask=masks.causal(), layout="zigzag")   # doctest: +SKIP
         >>> p["ring"].fwd_sent[0], p["ring"].load, p.choice
+
+    ulysses_size: U, also plan strategy "hybrid" (groups of U consecutive ranks).
+    intra_gbps / inter_gbps: two link tiers, inside a group of U ranks and between groups
+        (default: link_gbps both); strategies over all P ranks run at inter_gbps.
+    calibration: a `Calibration` (`attnlab.distributed.calibrate`): its measured link,
+        latency, compute (and tiers) replace link_gbps, latency_us, tflops, intra/inter_gbps.
     """
     check_layout(layout)
     dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
@@ -264,7 +330,9 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
             raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
     if H % Hkv:
         raise AttnlabError(f"Hkv: query heads H = {H} must be a multiple of Hkv = {Hkv}")
-    for name, v in (("link_gbps", link_gbps), ("tflops", tflops)):
+    link_gbps, intra_gbps, tflops, latency_us = links(link_gbps, intra_gbps, inter_gbps, tflops,
+                                                      latency_us, calibration)
+    for name, v in (("link_gbps", link_gbps), ("intra_gbps", intra_gbps), ("tflops", tflops)):
         if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0):
             raise AttnlabError(f"{name}: expected a positive number, got {v!r}")
     if isinstance(latency_us, bool) or not (isinstance(latency_us, (int, float))
@@ -277,9 +345,26 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
     est = estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link_gbps,
                    tflops=tflops, latency_us=latency_us,
                    per_head_mask=m is not None and m.heads > 1)
+    if ulysses_size is not None:
+        est["hybrid"] = hybrid_estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype,
+                                        U=ulysses_size, intra_gbps=intra_gbps,
+                                        inter_gbps=link_gbps, tflops=tflops,
+                                        latency_us=latency_us,
+                                        per_head_mask=m is not None and m.heads > 1)
     ch = choose(est)
     return Plan(L, S, world, layout, "full" if m is None else repr(m), est, ch.strategy,
                 ch.reason)
+
+
+def links(link_gbps, intra_gbps, inter_gbps, tflops, latency_us, calibration=None):
+    """(inter-group link, intra-group link, tflops, latency µs) from the arguments of `plan`:
+    a calibration's measured numbers when given, else inter_gbps (default link_gbps) between
+    groups and intra_gbps (default the inter link) inside them."""
+    if calibration is not None:
+        return (calibration.inter_gbps, calibration.intra_gbps, calibration.tflops,
+                calibration.latency_us)
+    inter = link_gbps if inter_gbps is None else inter_gbps
+    return inter, inter if intra_gbps is None else intra_gbps, tflops, latency_us
 
 
 def explain(L: int, H: int, Hkv: int, D: int, world: int, **kwargs) -> StrategyChoice:
