@@ -108,9 +108,33 @@ def error_cases(rank: int, groups) -> dict:
             "hybrid_uneven_heads": _catch(call(strategy="hybrid", ulysses_size=4))}
 
 
+def calibration_cases(rank: int, groups) -> dict:
+    """calibrate on the group of 4 (one tier; two tiers of 2 x 2) and on a sub-group of 2, with
+    small messages and a small block (the test is for what it returns, not for the numbers),
+    and "auto" planning a call on a calibration: what it sends is the plan of its pick."""
+    quick = dict(small=1024, large=1 << 16, repeats=2, block=(1, 64, 16))
+    with cp.record() as log:
+        one = cp.calibrate(groups[4], **quick)
+    two = cp.calibrate(groups[4], ulysses_size=2, **quick)
+    pair = cp.calibrate(groups[2], **quick) if rank < 2 else None
+    bad = _catch(lambda: cp.calibrate(groups[4], ulysses_size=3, **quick))
+    L, H, D = 64, 4, 16
+    x = torch.randn(1, H, L, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    xs = cp.shard(x, group=groups[4])
+    with cp.record() as run:
+        cp.context_parallel_attention(xs, xs, xs, group=groups[4], is_causal=True,
+                                      calibration=two, ulysses_size=2)
+    p = cp.plan(L, H, H, D, 4, is_causal=True, dtype=torch.float64, calibration=two,
+                ulysses_size=2)
+    return {"one": one, "two": two, "pair": pair, "bad": bad, "phases": {o.phase for o in log.ops},
+            "auto_sent": run.total("forward"), "choice": p.choice,
+            "choice_sent": p[p.choice].fwd_sent[rank]}
+
+
 def run_scale(rank: int, world: int) -> dict:
     """Every case that includes this rank; an error is returned, not raised, per case."""
     groups = subgroups(world, GROUP_TIMEOUT_S, smallest=2)
     out = run_each(all_cases(), lambda c, g: run_case(c, g, rank), groups, rank)
     out["_errors"] = error_cases(rank, groups)
+    out["_calibration"] = calibration_cases(rank, groups)
     return out

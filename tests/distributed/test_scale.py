@@ -59,3 +59,23 @@ def test_hybrid_errors_name_the_rule(results):
         assert "dividing world = 4, got 3" in errs["hybrid_bad_size"], errs["hybrid_bad_size"]
         assert "H = 6 divisible by world = 4" in errs["hybrid_uneven_heads"], \
             errs["hybrid_uneven_heads"]
+
+
+def test_calibration_agrees_on_every_rank_and_drives_auto(results):
+    import math
+
+    per_rank = results["_calibration"]
+    first = per_rank[0]
+    for r in per_rank:
+        assert r["one"] == first["one"] and r["two"] == first["two"]  # the slowest rank's
+        assert r["phases"] == {"calibrate"}  # nothing counted as forward / backward
+        assert "ulysses_size: expected a positive divisor of world = 4, got 3" in r["bad"]
+        assert r["auto_sent"] == r["choice_sent"]  # auto ran what plan picks on those numbers
+    assert per_rank[0]["pair"] == per_rank[1]["pair"] and per_rank[0]["pair"].world == 2
+    for cal in (first["one"], first["two"]):
+        assert cal.world == 4 and cal.backend == "gloo"
+        for v in (cal.inter_gbps, cal.intra_gbps, cal.latency_us, cal.tflops):
+            assert math.isfinite(v) and v >= 0
+        assert cal.inter_gbps > 0 and cal.intra_gbps > 0 and cal.tflops > 0
+    assert first["one"].ulysses_size is None and first["two"].ulysses_size == 2
+    assert first["one"].intra_gbps == first["one"].inter_gbps  # one tier

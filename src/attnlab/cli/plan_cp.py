@@ -6,6 +6,9 @@ of --link-gbps with --latency-us per message and chips of --tflops, with and wit
 communication and compute — the numbers `attnlab.distributed.plan` computes and the tests check
 against what the code really sends.
 
+--calibrate measures the link, per-message latency and compute on --calibrate-world local
+processes first (`attnlab.distributed.calibrate`) and plans on those numbers.
+
 Masks: full, causal, sliding:W (causal window of W keys), document:N (N equal documents, causal
 inside each), prefix:N (prefix-LM with an N-token prefix).
 """
@@ -44,6 +47,13 @@ def add_parser(sub):
     p.add_argument("--inter-gbps", type=float, default=None,
                    help="link between groups, Gbit/s (default --link-gbps); strategies over "
                    "all ranks run at this one")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure link, latency and compute first on local processes (gloo on "
+                   "loopback, one thread each) and plan on those numbers instead of --link-gbps, "
+                   "--intra/--inter-gbps, --latency-us, --tflops")
+    p.add_argument("--calibrate-world", type=int, default=2, metavar="P",
+                   help="local processes --calibrate measures on (default 2; with "
+                   "--ulysses-size, a multiple of it)")
     p.add_argument("--json", action="store_true", help="print the plans as JSON")
     return p
 
@@ -86,6 +96,14 @@ def _row(P, e, choice):
             f"{e.time_s * 1e3:,.1f} | {e.serial_s * 1e3:,.1f} | {pick} |")
 
 
+def _calibrate(args):
+    from attnlab.distributed import spawn
+    from attnlab.distributed.calibrate import calibrate_worker
+
+    return spawn(calibrate_worker, args.calibrate_world, args.ulysses_size, 1,
+                 timeout_s=300.0, group_timeout_s=60.0)[0]
+
+
 def _links(args, lat, cal) -> str:
     if cal is not None:
         return f"measured: {cal.describe()}"
@@ -104,7 +122,7 @@ def run(args) -> int:
     mask, is_causal = parse_mask(args.mask, args.L)
     lat = DEFAULT_LATENCY_US if args.latency_us is None else args.latency_us
     hkv = args.kv_heads or args.heads
-    cal = None
+    cal = _calibrate(args) if args.calibrate else None
     plans = [plan(args.L, args.heads, hkv, args.head_dim, P, mask=mask, is_causal=is_causal,
                   layout=args.layout, dtype=args.dtype, batch=args.batch,
                   link_gbps=args.link_gbps, tflops=args.tflops, latency_us=lat,

@@ -13,6 +13,9 @@ shards; K/V heads replicated when fewer than the ranks), "hybrid" (`ulysses_size
 inside groups of U ranks, ring across groups). Masks are global; empty (query, key) pairs are
 never computed, unneeded keys never sent.
 
+`calibrate(group)` measures the link, latency and compute the cost model plans with (`plan(...,
+calibration=)`, `context_parallel_attention(..., calibration=)`).
+
 `spawn(fn, P, ...)` runs fn on P local gloo processes (tests, benchmarks, trying it out).
 
 Caution: every rank must make the same call (checked: a mismatch is an AttnlabError on every
@@ -26,6 +29,7 @@ from attnlab.distributed.api import (
     shard,
     unshard,
 )
+from attnlab.distributed.calibrate import Calibration, calibrate
 from attnlab.distributed.comm import CommLog, record
 from attnlab.distributed.cost import Estimate, Plan, StrategyChoice, explain, plan
 from attnlab.distributed.hybrid import hybrid_groups
@@ -34,12 +38,14 @@ from attnlab.distributed.spawn import SpawnError, spawn
 
 __all__ = [
     "LAYOUTS",
+    "Calibration",
     "CommLog",
     "ContextParallel",
     "Estimate",
     "Plan",
     "SpawnError",
     "StrategyChoice",
+    "calibrate",
     "context_parallel_attention",
     "explain",
     "hybrid_groups",

@@ -13,20 +13,18 @@ So the all-to-alls stay on the fast links inside a group and only the ring cross
 bytes per rank are the Ulysses bytes over U ranks (on the intra-group link) plus the ring's over R
 groups for H/U heads (on the inter-group link) — `cost.hybrid_estimate` counts exactly those.
 
-Sub-groups are made once per (group, U) with `dist.new_group` (locally synchronised: only the
-members of each sub-group take part), with the parent group's timeout, and cached.
+Sub-groups are made once per (group, U) with `dist.new_group` (`hybrid_groups`), with the parent
+group's timeout, and cached.
 
 Caution: no attention dropout and no per-head masks (as Ulysses); U must divide P and H.
 """
 
 from __future__ import annotations
 
-import datetime
-
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from attnlab.distributed import comm
 from attnlab.distributed.attend import Call
 from attnlab.distributed.cost import ulysses_kv_heads
 from attnlab.distributed.grouped import GroupedGeometry
@@ -39,41 +37,33 @@ DEFAULT_TIMEOUT_S = 300.0
 _groups: dict = {}
 
 
-def _timeout(group) -> datetime.timedelta:
-    try:
-        g = group if group is not None else dist.group.WORLD
-        return g._get_backend(torch.device("cpu")).options._timeout
-    except Exception:  # a backend without readable options: the documented default
-        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
-
-
 def hybrid_groups(ulysses_size: int, group=None, timeout_s: float | None = None):
     """(ulysses group, ring group) of this rank for groups of `ulysses_size` consecutive ranks of
-    `group`; None for a group of one. Every rank of `group` must call it (made once, cached).
+    `group`; None for a group of one. Every rank of `group` must call it (made once, cached),
+    with the parent's timeout unless `timeout_s` says.
 
     Over the whole world every process enters every `new_group` call, in one order (torch's
     rule). Over a sub-group, only its members take part (`use_local_synchronization`); torch
     names such groups by their ranks and the number of groups the process already has, so the
     members must have made the same number of process groups before (true when every rank
     makes its groups alike; else make these first)."""
-    whole = group is None or group is dist.group.WORLD
-    ranks = dist.get_process_group_ranks(dist.group.WORLD if whole else group)
+    whole = comm.is_world(group)
+    ranks = comm.group_ranks(None if whole else group)
     key = (tuple(ranks), ulysses_size)
     if key not in _groups:
-        t = _timeout(group) if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        me = ranks.index(dist.get_rank())
+        t = comm.group_timeout(group, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s
+        me = ranks.index(comm.rank_world(None)[0])  # this process's place in the parent
         U, R = ulysses_size, len(ranks) // ulysses_size
         g, j = divmod(me, U)
         ulysses = [[ranks[a * U + m] for m in range(U)] for a in range(R)]
         ring = [[ranks[i * U + b] for i in range(R)] for b in range(U)]
-        mine = []
+        found = {}
         for members in ulysses + ring:  # one global order; a group of one is no group
             if len(members) == 1 or not (whole or ranks[me] in members):
                 continue
-            pg = dist.new_group(members, timeout=t, use_local_synchronization=not whole)
+            pg = comm.new_group(members, t, local=not whole)
             if ranks[me] in members:
-                mine.append((members, pg))
-        found = dict((tuple(m), pg) for m, pg in mine)
+                found[tuple(members)] = pg
         _groups[key] = (found.get(tuple(ulysses[g])), found.get(tuple(ring[j])))
     return _groups[key]
 
