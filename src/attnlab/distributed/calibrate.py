@@ -7,9 +7,12 @@ latency (two tiers when the ranks form groups of U), and attention compute.
 
 Link: every rank exchanges a message with a peer (it sends one and receives one at the same
 time, as the ring does) at two sizes, `small` and `large` bytes, `repeats` times each after a
-warm-up; with t(s) the least time of one exchange of s bytes (a busy machine only adds time), t(s) = latency + s / bandwidth, so
+warm-up; with t(s) the least time of one exchange of s bytes (a busy machine only adds time),
+t(s) = latency + s / bandwidth, so
 
-    bandwidth = (large − small) / (t(large) − t(small)),   latency = t(small) − small / bandwidth.
+    bandwidth = (large − small) / (t(large) − t(small)),   latency = t(small) − small / bandwidth
+
+(when noise leaves t(large) within 10% of t(small): bandwidth = large / t(large)).
 
 The inter tier pairs rank r with rank r + U (mod P), another group; the intra tier with the next
 rank of its own group of U (without groups, one tier: the next rank). Compute: the forward and
