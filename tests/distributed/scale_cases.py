@@ -41,12 +41,29 @@ def hybrid_cases() -> list[dict]:
     return out
 
 
+def varlen_cases() -> list[dict]:
+    """Packed documents (cu_seqlens), each split head and tail over the ranks."""
+    out = []
+    for P, cu, strategy, causal, H, Hkv in (
+            (2, (0, 7, 20, 29), "ring", True, 2, 1),
+            (4, (0, 5, 18, 18, 37), "ring", True, 4, 2),  # an empty document
+            (4, (0, 5, 18, 18, 37), "allgather", True, 4, 2),
+            (4, (0, 3, 40), "ulysses", True, 4, 2),
+            (3, (0, 11, 12, 29), "ring", False, 3, 3),  # within documents, no causal
+            (4, (0, 37), "allgather", True, 4, 4)):  # one document: every rank needs all
+        out.append(dict(kind="varlen", P=P, cu=cu, strategy=strategy, causal=causal, H=H,
+                        Hkv=Hkv, L=cu[-1], U=None, layout="documents",
+                        mask=("causal-" if causal else "") + "docs" + "-".join(map(str, cu))))
+    return out
+
+
 def all_cases() -> list[dict]:
-    cases = head_cases() + hybrid_cases()
+    cases = head_cases() + hybrid_cases() + varlen_cases()
     for i, c in enumerate(cases):
         c["seed"] = 4000 + i
         c["id"] = (f"{c['kind']}-P{c['P']}" + (f"U{c['U']}" if c["U"] else "")
-                   + f"-{c['layout']}-{c['mask']}-L{c['L']}-H{c['H']}kv{c['Hkv']}")
+                   + f"-{c['layout']}-{c['mask']}-L{c['L']}-H{c['H']}kv{c['Hkv']}"
+                   + (f"-{c['strategy']}" if c["kind"] == "varlen" else ""))
     return cases
 
 
@@ -57,19 +74,33 @@ def run_case(c: dict, group, rank: int) -> dict:
     w = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)  # d loss / d out
     u = torch.randn(B, H, L, generator=g, dtype=torch.float64)  # d loss / d lse
     lay = c["layout"]
-    mask, is_causal = make_mask(c["mask"], L, B)
+    if c["kind"] == "varlen":
+        from attnlab import masks
+        from attnlab.distributed.varlen import DocumentSharding
+
+        mask = masks.document(DocumentSharding(c["cu"], 1).doc_of)
+        is_causal = c["causal"]
+    else:
+        mask, is_causal = make_mask(c["mask"], L, B)
     kw = dict(mask=mask, is_causal=is_causal, enable_gqa=Hkv != H)
     whole = [x.clone().requires_grad_() for x in (q, k, v)]
     ro, rl = attnlab.attention(*whole, return_lse=True, backend="math", **kw)
     fin = torch.isfinite(rl)
     rg = torch.autograd.grad([ro, rl], whole, [w, u.masked_fill(~fin, 0.0)])
     sh = lambda x, dim=-2: cp.shard(x, lay, group=group, dim=dim)  # noqa: E731
+    if c["kind"] == "varlen":
+        sh = lambda x, dim=-2: cp.varlen_shard(x, c["cu"], group=group, dim=dim)  # noqa: E731
     local = [sh(x).requires_grad_() for x in (q, k, v)]
     extra = {"ulysses_size": c["U"]} if c["strategy"] == "hybrid" else {}
     with cp.record() as log:
-        o, lse = cp.context_parallel_attention(*local, group=group, layout=lay,
-                                               strategy=c["strategy"], return_lse=True,
-                                               **extra, **kw)
+        if c["kind"] == "varlen":
+            o, lse = cp.varlen_attention(*local, c["cu"], group=group, strategy=c["strategy"],
+                                         causal=is_causal, return_lse=True,
+                                         enable_gqa=Hkv != H)
+        else:
+            o, lse = cp.context_parallel_attention(*local, group=group, layout=lay,
+                                                   strategy=c["strategy"], return_lse=True,
+                                                   **extra, **kw)
         ul = sh(u, -1).masked_fill(~torch.isfinite(lse), 0.0)
         grads = torch.autograd.grad([o, lse], local, [sh(w), ul])
     out = {"rows": o.shape[2]}
@@ -78,8 +109,23 @@ def run_case(c: dict, group, rank: int) -> dict:
         out[name] = rel(a, sh(full, -1 if full.dim() == 3 else -2), full)
     out["got"] = tuple(f(ph, what) for f in (log.total, log.messages)
                        for ph in ("forward", "backward") for what in ("sent", "received"))
-    est = cp.plan(L, H, Hkv, D, P, mask=mask, is_causal=is_causal, layout=lay,
-                  dtype=torch.float64, batch=B, **extra)[c["strategy"]]
+    if c["kind"] == "varlen":
+        est = cp.varlen_plan(c["cu"], H, Hkv, D, P, causal=is_causal, dtype=torch.float64,
+                             batch=B)[c["strategy"]]
+        out["unshard"] = rel(cp.varlen_unshard(o, c["cu"], group=group), ro)
+        # the fewest bytes a rank can receive forward: the other ranks' keys its queries may
+        # attend (the dense mask), k and v, B·Hkv·2D·8 bytes a key
+        m = cp.cost.effective_mask(mask, is_causal).to_dense(L, L)[0, 0]  # (L, S)
+        from attnlab.distributed.varlen import DocumentSharding
+
+        pos = DocumentSharding(c["cu"], P).positions(rank)
+        others = torch.ones(L, dtype=torch.bool)
+        others[pos] = False
+        seen = m[pos].any(0) & others if len(pos) else torch.zeros(L, dtype=torch.bool)
+        out["attendable_bytes"] = int(seen.sum()) * B * Hkv * 2 * D * 8
+    else:
+        est = cp.plan(L, H, Hkv, D, P, mask=mask, is_causal=is_causal, layout=lay,
+                      dtype=torch.float64, batch=B, **extra)[c["strategy"]]
     out["plan"] = (est.fwd_sent[rank], est.fwd_recv[rank], est.bwd_sent[rank],
                    est.bwd_recv[rank], est.fwd_msgs_sent[rank], est.fwd_msgs_recv[rank],
                    est.bwd_msgs_sent[rank], est.bwd_msgs_recv[rank])

@@ -79,3 +79,17 @@ def test_calibration_agrees_on_every_rank_and_drives_auto(results):
         assert cal.inter_gbps > 0 and cal.intra_gbps > 0 and cal.tflops > 0
     assert first["one"].ulysses_size is None and first["two"].ulysses_size == 2
     assert first["one"].intra_gbps == first["one"].inter_gbps  # one tier
+
+
+VARLEN = [c for c in CASES if c["kind"] == "varlen"]
+
+
+@pytest.mark.parametrize("case", VARLEN, ids=[c["id"] for c in VARLEN])
+def test_varlen_moves_only_attendable_keys_and_unshards(case, results):
+    """Forward, a rank receives exactly the other ranks' keys its queries may attend (point to
+    point: ring, and allgather when not every rank needs every key) and unshard gives the whole
+    packed output back."""
+    for rank, r in enumerate(_ranks(case, results)):
+        assert r["unshard"] <= 1e-12
+        if case["strategy"] != "ulysses":
+            assert r["got"][1] == r["attendable_bytes"], f"rank {rank}"

@@ -16,6 +16,9 @@ never computed, unneeded keys never sent.
 `calibrate(group)` measures the link, latency and compute the cost model plans with (`plan(...,
 calibration=)`, `context_parallel_attention(..., calibration=)`).
 
+Packed sequences: `varlen_attention(q, k, v, cu_seqlens)` on `varlen_shard` rows (each document
+split head and tail over the ranks), planned by `varlen_plan`.
+
 `spawn(fn, P, ...)` runs fn on P local gloo processes (tests, benchmarks, trying it out).
 
 Caution: every rank must make the same call (checked: a mismatch is an AttnlabError on every
@@ -35,6 +38,7 @@ from attnlab.distributed.cost import Estimate, Plan, StrategyChoice, explain, pl
 from attnlab.distributed.hybrid import hybrid_groups
 from attnlab.distributed.layouts import LAYOUTS, positions
 from attnlab.distributed.spawn import SpawnError, spawn
+from attnlab.distributed.varlen import varlen_attention, varlen_plan, varlen_shard, varlen_unshard
 
 __all__ = [
     "LAYOUTS",
@@ -56,4 +60,8 @@ __all__ = [
     "shard",
     "spawn",
     "unshard",
+    "varlen_attention",
+    "varlen_plan",
+    "varlen_shard",
+    "varlen_unshard",
 ]
