@@ -66,3 +66,36 @@ def test_cli_plan_cp_calibrate(monkeypatch, capsys):
     want = cp.plan(8192, 8, 8, 64, 4, mask=masks.sliding_window(512), dtype="fp32",
                    calibration=CAL, ulysses_size=2)
     assert f"- 4 ranks: {want.reason}" in out
+
+
+def test_measured_masked_rate_prices_the_block_path_by_tile_area():
+    """With masked_tflops, ring and allgather compute the area of their FULL tiles at tflops and
+    of their PARTIAL tiles at masked_tflops (a window of 512 in chunks of 2048: whole diagonal
+    tiles), ulysses the attended pairs; without it, all three the attended pairs."""
+    from attnlab.distributed.blockcost import block_areas
+    from attnlab.distributed.geometry import Geometry
+
+    cal = dataclasses.replace(CAL, masked_tflops=0.01)
+    m = masks.sliding_window(512)
+    p = cp.plan(8192, 8, 8, 64, 2, mask=m, dtype="fp32", calibration=cal)
+    full, part = block_areas(Geometry(8192, 8192, 2, "zigzag", m))
+    assert full == [0.0, 0.0]  # zigzag chunks of 2048: every live tile is cut by the window
+    # rank 0 (chunks 0, 3): tiles (0,0), (3,2), (3,3); rank 1 (1, 2): (1,0), (1,1), (2,1), (2,2)
+    assert part == [2048.0 * 2048 * 3, 2048.0 * 2048 * 4]
+    per = 2 * 8 * 128 * 3.5
+    assert p["ring"].compute_s == pytest.approx(per * part[1] / 0.01e12)
+    assert p["ulysses"].compute_s == pytest.approx(3.5 * max(p["ulysses"].flops_fwd) / 0.02e12)
+    assert p["ring"].compute_s > 4 * p["ulysses"].compute_s
+    q = cp.plan(8192, 8, 8, 64, 2, mask=m, dtype="fp32", calibration=CAL)  # no masked rate
+    assert q["ring"].compute_s == pytest.approx(3.5 * max(q["ring"].flops_fwd) / 0.02e12)
+
+
+def test_causal_diagonal_tiles_count_half_at_the_unmasked_rate():
+    from attnlab.distributed.blockcost import block_areas
+    from attnlab.distributed.geometry import Geometry
+
+    full, part = block_areas(Geometry(8192, 8192, 2, "zigzag", masks.causal()))
+    c = 2048.0 * 2048
+    assert part == [0.0, 0.0]
+    # rank 0: (3, 0..2) and the diagonals (0, 0), (3, 3); rank 1: (1, 0), (2, 0..1), (1, 1), (2, 2)
+    assert full == [c * (3 + 2 * 0.5)] * 2

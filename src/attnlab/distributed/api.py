@@ -109,11 +109,13 @@ def _estimates(geom, B, H, Hkv, D, Dv, dtype, m, U, calibration, dropout_p):
                                           calibration)
     per_head = m is not None and m.heads > 1
     est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link,
-                        tflops=tflops, latency_us=lat, per_head_mask=per_head)
+                        tflops=tflops, latency_us=lat, per_head_mask=per_head,
+                        masked_tflops=getattr(calibration, "masked_tflops", None))
     if U is not None:
         est["hybrid"] = cost.hybrid_estimate(
             geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, U=U, intra_gbps=intra,
-            inter_gbps=link, tflops=tflops, latency_us=lat, per_head_mask=per_head)
+            inter_gbps=link, tflops=tflops, latency_us=lat, per_head_mask=per_head,
+            masked_tflops=getattr(calibration, "masked_tflops", None))
         if dropout_p > 0:
             est["hybrid"] = cost.Estimate("hybrid", False, "does not take attention dropout")
     return est

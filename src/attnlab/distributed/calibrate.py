@@ -17,7 +17,9 @@ t(s) = latency + s / bandwidth, so
 The inter tier pairs rank r with rank r + U (mod P), another group; the intra tier with the next
 rank of its own group of U (without groups, one tier: the next rank). Compute: the forward and
 backward of `attnlab.attention` on a (1, H, L, D) block with no mask, in the accumulation dtype
-of the call's inputs — rate = 3.5 · 4·H·L²·D / time (the model's fwd + bwd FLOPs). Every rank
+of the call's inputs — rate = 3.5 · 4·H·L²·D / time (the model's fwd + bwd FLOPs) — and again
+with a dense mask (`masked_tflops`, over the same whole area: what a PARTIAL block pair of the
+ring and allgather costs today, `blockcost`). Every rank
 measures; all take the slowest rank's numbers (one all-gather), so every rank plans alike.
 
 Caution: a calibration is a snapshot of a machine that may be shared: run it where and when the
@@ -49,6 +51,8 @@ class Calibration:
     world: int
     backend: str
     ulysses_size: int | None = None
+    #: the same over the whole area of a block run with a dense mask (a PARTIAL block pair)
+    masked_tflops: float | None = None
 
     @property
     def link_gbps(self) -> float:
@@ -58,8 +62,10 @@ class Calibration:
         tiers = (f"link {self.intra_gbps:.3g} Gbit/s inside groups of {self.ulysses_size}, "
                  f"{self.inter_gbps:.3g} between" if self.ulysses_size
                  else f"link {self.inter_gbps:.3g} Gbit/s")
-        return (f"{tiers}, {self.latency_us:.3g} µs per message, {self.tflops:.3g} TFLOP/s per "
-                f"rank ({self.backend}, {self.world} ranks)")
+        masked = (f" ({self.masked_tflops:.3g} with a dense mask)"
+                  if self.masked_tflops is not None else "")
+        return (f"{tiers}, {self.latency_us:.3g} µs per message, {self.tflops:.3g} TFLOP/s"
+                f"{masked} per rank ({self.backend}, {self.world} ranks)")
 
 
 def _exchange_s(x: torch.Tensor, y: torch.Tensor, peer_out: int, peer_in: int, group) -> float:
@@ -99,16 +105,21 @@ def _tier(group, rank: int, world: int, step: int, within: int, sizes, repeats: 
     return bw, max(t1 - s1 / bw, 0.0)
 
 
-def _compute_rate(H: int, L: int, D: int, dtype, device, repeats: int) -> float:
+def _compute_rate(H: int, L: int, D: int, dtype, device, repeats: int,
+                  masked: bool = False) -> float:
+    """FLOP/s of attnlab.attention's forward + backward on a (1, H, L, D) block over its whole
+    area; `masked`: with a dense bool mask (the lower triangle), as the block path runs a
+    PARTIAL pair."""
     from attnlab.ops import attention
 
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(1, H, L, D, generator=g, dtype=dtype).to(device).requires_grad_()
                for _ in range(3))
+    allowed = torch.ones(L, L, dtype=torch.bool, device=device).tril() if masked else None
     ts = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        attention(q, k, v).sum().backward()
+        attention(q, k, v, attn_mask=allowed).sum().backward()
         if i:
             ts.append(time.perf_counter() - t0)
     return 3.5 * 4 * H * L * L * D / statistics.median(ts)
@@ -149,19 +160,21 @@ def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
         inter = intra if world // U == 1 else inter
         intra = inter if U == 1 else intra
     rate = _compute_rate(*block, dtype, device, repeats)
-    mine = torch.tensor([inter, intra, max(lat, default=0.0), rate], dtype=torch.float64)
-    every = mine.new_empty(world * 4)
+    masked = _compute_rate(*block, dtype, device, repeats, masked=True)
+    mine = torch.tensor([inter, intra, max(lat, default=0.0), rate, masked], dtype=torch.float64)
+    every = mine.new_empty(world * 5)
     if world > 1:
-        comm.all_gather(every, mine, group, "calibrate")  # (P·4,) float64: every rank's numbers
+        comm.all_gather(every, mine, group, "calibrate")  # (P·5,) float64: every rank's numbers
     else:
         every = mine
-    every = every.view(world, 4)
+    every = every.view(world, 5)
     slow_inter, slow_intra = float(every[:, 0].min()), float(every[:, 1].min())
     if world == 1:  # no link: the model's communication terms are zero anyway
         slow_inter = slow_intra = float("inf")
     return Calibration(inter_gbps=slow_inter * 8 / 1e9, intra_gbps=slow_intra * 8 / 1e9,
                        latency_us=float(every[:, 2].max()) * 1e6,
-                       tflops=float(every[:, 3].min()) / 1e12, world=world,
+                       tflops=float(every[:, 3].min()) / 1e12,
+                       masked_tflops=float(every[:, 4].min()) / 1e12, world=world,
                        backend=comm.backend(group), ulysses_size=ulysses_size)
 
 

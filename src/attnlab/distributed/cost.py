@@ -35,10 +35,11 @@ what the code does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from attnlab.distributed.blockcost import block_compute_s
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.grouped import GroupedGeometry
 from attnlab.distributed.layouts import check_layout
@@ -130,8 +131,10 @@ def effective_mask(mask: Mask | None, is_causal: bool) -> Mask | None:
 
 def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype: torch.dtype,
              link_gbps: float, tflops: float, latency_us: float = 0.0,
-             per_head_mask: bool = False) -> dict[str, Estimate]:
-    """Every strategy's Estimate for this geometry and these sizes."""
+             per_head_mask: bool = False,
+             masked_tflops: float | None = None) -> dict[str, Estimate]:
+    """Every strategy's Estimate for this geometry and these sizes; with `masked_tflops` (a
+    calibration's), ring and allgather compute the area of their tiles (`blockcost`)."""
     P = geom.world
     e = torch.empty((), dtype=dtype).element_size()
     a = 8 if dtype == torch.float64 else 4
@@ -176,6 +179,11 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
     else:
         out["allgather"] = make("allgather", *p2p, flops, False)
 
+    blocks = None if masked_tflops is None else block_compute_s(
+        geom, B=B, H=H, D=D, Dv=Dv, tflops=tflops, masked_tflops=masked_tflops)
+    if blocks is not None:  # what the block path computes, at the two measured rates
+        for s in ("ring", "allgather"):
+            out[s] = replace(out[s], compute_s=blocks)
     why = ulysses_why_not(H, Hkv, P, per_head_mask)
     if why:
         out["ulysses"] = Estimate("ulysses", False, why)
@@ -238,7 +246,8 @@ def hybrid_why_not(H: int, Hkv: int, P: int, U: int | None, per_head_mask: bool)
 
 def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype,
                     U: int | None, intra_gbps: float, inter_gbps: float, tflops: float,
-                    latency_us: float, per_head_mask: bool = False) -> Estimate:
+                    latency_us: float, per_head_mask: bool = False,
+                    masked_tflops: float | None = None) -> Estimate:
     """Bytes, messages, FLOPs and time of strategy "hybrid" on every rank (rank r = g·U + j:
     member j of group g): the head all-to-alls over U ranks (each one's (U−1)/U of q, k, v, out
     with lse; their gradients backward) at intra_gbps, plus the ring over the R groups for H/U
@@ -252,7 +261,8 @@ def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int
     a = 8 if dtype == torch.float64 else 4
     geo = GroupedGeometry(geom.L, geom.S, R, geom.layout, geom.mask, U=U)
     ring = estimate(geo, B=B, H=H // U, Hkv=K // U, D=D, Dv=Dv, dtype=dtype,
-                    link_gbps=inter_gbps, tflops=tflops, latency_us=latency_us)["ring"]
+                    link_gbps=inter_gbps, tflops=tflops, latency_us=latency_us,
+                    masked_tflops=masked_tflops)["ring"]
     moved = ulysses_moved(B, H, K, D, Dv, geom.q.n_max, geom.k.n_max, U, e, a) if U > 1 else 0
     msgs = 4 * (U - 1)  # all-to-alls of q, k, v and out + lse; of their gradients
     of = [r // U for r in range(P)]  # the group (ring rank) of each rank
@@ -268,7 +278,7 @@ def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int
     a2a = 2 * moved / (intra_gbps * 1e9 / 8) + 2 * msgs * lat  # forward + backward, waited on
     flops = [ring.flops_fwd[g] for g in of]
     return HybridEstimate("hybrid", True, "", fs, fr, bs, br, flops, a2a + ring.comm_s,
-                          3.5 * max(flops) / (tflops * 1e12), True, mfs, mfr, mbs, mbr,
+                          ring.compute_s, True, mfs, mfr, mbs, mbr,
                           2 * msgs * lat + ring.latency_s, a2a_s=a2a, ulysses_size=U)
 
 
@@ -344,13 +354,16 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
     geom = Geometry(L, S, world, layout, m)
     est = estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link_gbps,
                    tflops=tflops, latency_us=latency_us,
-                   per_head_mask=m is not None and m.heads > 1)
+                   per_head_mask=m is not None and m.heads > 1,
+                   masked_tflops=getattr(calibration, "masked_tflops", None))
     if ulysses_size is not None:
         est["hybrid"] = hybrid_estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype,
                                         U=ulysses_size, intra_gbps=intra_gbps,
                                         inter_gbps=link_gbps, tflops=tflops,
                                         latency_us=latency_us,
-                                        per_head_mask=m is not None and m.heads > 1)
+                                        per_head_mask=m is not None and m.heads > 1,
+                                        masked_tflops=getattr(calibration, "masked_tflops",
+                                                              None))
     ch = choose(est)
     return Plan(L, S, world, layout, "full" if m is None else repr(m), est, ch.strategy,
                 ch.reason)
