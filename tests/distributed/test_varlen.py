@@ -68,3 +68,13 @@ def test_one_process_equals_attention():
     want = attnlab.attention(q, k, v, mask=masks.document(ids), is_causal=True)
     got = cp.varlen_attention(q, k, v, cu)
     assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kw, msg", [(dict(strategy="hybrid"), "strategy: expected one of"),
+                                     (dict(causal=1), "causal: expected a bool"),
+                                     (dict(cu=[0, 5, 19]), "cu_seqlens \\(L = 19\\)")])
+def test_varlen_attention_errors_name_the_argument(kw, msg):
+    x = torch.zeros(1, 2, 20, 8)
+    cu = kw.pop("cu", [0, 5, 20])
+    with pytest.raises(AttnlabError, match=msg):
+        cp.varlen_attention(x, x, x, cu, **kw)
