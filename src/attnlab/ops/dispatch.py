@@ -90,21 +90,25 @@ RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
 BACKENDS = ("auto", *RUNNERS)
 
 
-def run(name: str, p: Problem, need_lse: bool):
+def run(name: str, p: Problem, need_lse: bool, *, clean_always: bool = False):
     """(out, lse or None) from backend `name`, "auto" resolved here.
 
     Every backend gets the same treatment of empty inputs, of the memory limit of dense paths
-    (`budget`) and of NaN/Inf in keys and values (`nonfinite`).
+    (`budget`) and of NaN/Inf in queries, keys and values (`nonfinite`; `clean_always`: keys and
+    values too when the call has no mask, for a block of a masked context-parallel call).
     """
     if name == "auto":
         name = choose(p, need_lse).backend
     if _empty(p):
         return plain.forward(p)  # empty in, empty out: the same on every backend
     _check_budget(name, p, need_lse)
-    p, bad = nonfinite.clean(p)
+    p, bad = nonfinite.clean(p, always=clean_always)
+    p, bad_q = nonfinite.clean_queries(p)
     out, lse = RUNNERS[name](p, need_lse)
     if bad is not None:
         out, lse = nonfinite.poison(p, bad, out, lse)
+    if bad_q is not None:
+        out, lse = nonfinite.poison_queries(p, bad_q, out, lse)
     return out, lse
 
 
