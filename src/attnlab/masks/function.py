@@ -1,0 +1,109 @@
+"""from_function: a mask written as one Python function, FlexAttention's `mask_mod` convention.
+
+    def sliding(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx >= 0) & (q_idx - kv_idx < 256)
+    m = masks.from_function(sliding) & masks.padding(key_lengths=lens)
+
+`fn(b, h, q_idx, kv_idx) -> bool tensor` is called on broadcast index tensors, b (Bm, 1, 1, 1),
+h (1, Hm, 1, 1), q_idx (1, 1, R, 1), kv_idx (1, 1, 1, C) (int64, on the call's device), and must
+return a bool tensor broadcastable to (Bm, Hm, R, C): write it with elementwise tensor ops
+(&, |, ~, comparisons, indexing captured tensors by the indices), never Python `if`/`and` on
+tensors, which is also what torch's FlexAttention requires (it calls the same function on scalars
+under vmap, so one function serves both).
+
+Tile classes are exact, as `create_block_mask` computes them: fn is evaluated on every pair, a
+band of query rows at a time (memory bounded by BLOCK_ENTRIES), and each tile reduced to EMPTY /
+FULL / PARTIAL. The result is cached per (L, S, block sizes, device), so one mask reused across
+layers and steps pays it once. Cost: L·S evaluations of fn on the first use of each shape.
+
+Caution: the cache assumes fn's answer for a given shape never changes; build a new mask when
+the tensors fn captures change. `intervals()` returns None (a function is not known to be
+interval-shaped without evaluating it everywhere); the interval kernel then does not take it and
+the tiled kernel does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.errors import AttnlabError
+from attnlab.masks.base import Mask, classify
+
+#: entries of the (Bm, Hm, rows, S) bool block evaluated at a time while classifying tiles
+BLOCK_ENTRIES = 1 << 24
+
+
+class FunctionMask(Mask):
+    """A mask given by fn(b, h, q_idx, kv_idx) -> bool; batch_size/heads: how many b and h it
+    depends on (1: the same for all, fn sees b = 0 / h = 0)."""
+
+    def __init__(self, fn, batch_size: int = 1, heads: int = 1):
+        if not callable(fn):
+            raise AttnlabError(f"from_function: expected a callable fn(b, h, q_idx, kv_idx), "
+                               f"got {type(fn).__name__}")
+        for name, n in (("batch_size", batch_size), ("heads", heads)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise AttnlabError(f"{name}: expected a positive int, got {n!r}"[:200])
+        self.fn = fn
+        self.batch_size, self.heads = batch_size, heads
+        self._tile_cache: dict = {}
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        """fn itself, in FlexAttention's convention (torch's Flex kernels call this)."""
+        return self.fn(b, h, q_idx, kv_idx)
+
+    def _block(self, rows, cols, L, S):
+        dev = rows.device
+        b = torch.arange(self.batch_size, device=dev)[:, None, None, None]  # (Bm, 1, 1, 1)
+        h = torch.arange(self.heads, device=dev)[None, :, None, None]  # (1, Hm, 1, 1)
+        q = rows[None, None, :, None]  # (1, 1, R, 1)
+        k = cols[None, None, None, :]  # (1, 1, 1, C)
+        out = self.fn(b, h, q, k)
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+            raise AttnlabError(
+                f"from_function: fn must return a bool tensor, got "
+                f"{getattr(out, 'dtype', type(out).__name__)}")
+        try:
+            return out.expand(self.batch_size, self.heads, len(rows), len(cols))
+        except RuntimeError:
+            raise AttnlabError(
+                f"from_function: fn returned shape {tuple(out.shape)}, which does not broadcast "
+                f"to (Bm, Hm, R, C) = ({self.batch_size}, {self.heads}, {len(rows)}, "
+                f"{len(cols)})") from None
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        nq, nk = q_lo.shape[0], k_lo.shape[1]
+        bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1 if nq else 1  # once per shape: then cached
+        bk = int(k_hi[0, 0] - k_lo[0, 0]) + 1 if nk else 1
+        key = (L, S, bq, bk, str(q_lo.device))
+        if key not in self._tile_cache:  # also when `&`/`|` ask for the classes of this part
+            self._tile_cache[key] = self._evaluate_tiles(L, S, nq, nk, bq, bk, q_lo.device)
+        return self._tile_cache[key]
+
+    def _evaluate_tiles(self, L, S, nq, nk, bq, bk, dev):
+        out = torch.empty(self.batch_size, self.heads, nq, nk, dtype=torch.int8, device=dev)
+        per_band = max(1, BLOCK_ENTRIES // max(1, self.batch_size * self.heads * S * bq))
+        cols = torch.arange(S, device=dev)
+        for t0 in range(0, nq, per_band):  # whole query blocks at a time
+            t1 = min(nq, t0 + per_band)
+            r0, r1 = t0 * bq, min(L, t1 * bq)
+            m = self.block(torch.arange(r0, r1, device=dev), cols, L, S)  # (Bm, Hm, r, S)
+            pad = (0, nk * bk - S, 0, (t1 - t0) * bq - (r1 - r0))
+            shape = (self.batch_size, self.heads, t1 - t0, bq, nk, bk)
+            any_ = F.pad(m, pad, value=False).reshape(shape).any(-1).any(-2)
+            all_ = F.pad(m, pad, value=True).reshape(shape).all(-1).all(-2)
+            out[:, :, t0:t1] = classify(all_, ~any_)
+        return out
+
+    def __repr__(self):
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        return f"from_function({name}, batch_size={self.batch_size}, heads={self.heads})"
+
+
+def from_function(fn, batch_size: int = 1, heads: int = 1) -> FunctionMask:
+    """A mask from fn(b, h, q_idx, kv_idx) -> bool tensor (True = may attend), FlexAttention's
+    mask_mod convention; pass batch_size / heads when fn depends on b / h (as create_block_mask's
+    B and H). Composes with & | ~ and every built-in mask."""
+    return FunctionMask(fn, batch_size, heads)
+
