@@ -53,6 +53,10 @@ class FunctionMask(Mask):
         """fn itself, in FlexAttention's convention (torch's Flex kernels call this)."""
         return self.fn(b, h, q_idx, kv_idx)
 
+    def intervals(self, L: int, S: int, device=None):
+        """None: a function is not known to be interval-shaped (see the module's Caution)."""
+        return None
+
     def _block(self, rows, cols, L, S):
         dev = rows.device
         b = torch.arange(self.batch_size, device=dev)[:, None, None, None]  # (Bm, 1, 1, 1)
