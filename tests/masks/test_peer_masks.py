@@ -219,7 +219,7 @@ def test_symmetric_alibi_is_flash_non_causal(L, S, ragged):
     # the modifier's own values are the peer's bias
     b, h = torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None]
     i, j = torch.arange(L)[None, None, :, None], torch.arange(S)[None, None, None, :]
-    from attnlab.errors import Dims
+    from attnlab.ops.problem import Dims
     bound = mod.bind(Dims(batch=(B,), H=H, Hkv=H, L=L, S=S, D=16, Dv=16), "cpu")
     got = bound(torch.zeros(B, H, L, S, dtype=torch.float64), b, h, i, j)
     live = (torch.ones(B, 1, L, S, dtype=torch.bool) if qpm is None
@@ -246,7 +246,8 @@ def test_causal_alibi_matches_flash_output(L, S):
 
 
 def test_alibi_checks_its_shapes():
-    from attnlab.errors import AttnlabError, Dims
+    from attnlab.errors import AttnlabError
+    from attnlab.ops.problem import Dims
     d = Dims(batch=(2,), H=4, Hkv=4, L=3, S=3, D=8, Dv=8)
     with pytest.raises(AttnlabError, match="alibi slopes"):
         masks.alibi(torch.ones(3)).bind(d, "cpu")

@@ -25,7 +25,6 @@ the tiled kernel does.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError
 from attnlab.masks.base import Mask, classify
@@ -76,29 +75,48 @@ class FunctionMask(Mask):
                 f"to (Bm, Hm, R, C) = ({self.batch_size}, {self.heads}, {len(rows)}, "
                 f"{len(cols)})") from None
 
-    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
-        nq, nk = q_lo.shape[0], k_lo.shape[1]
-        bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1 if nq else 1  # once per shape: then cached
-        bk = int(k_hi[0, 0] - k_lo[0, 0]) + 1 if nk else 1
-        key = (L, S, bq, bk, str(q_lo.device))
-        if key not in self._tile_cache:  # also when `&`/`|` ask for the classes of this part
-            self._tile_cache[key] = self._evaluate_tiles(L, S, nq, nk, bq, bk, q_lo.device)
+    def tiles(self, L, S, block_q, block_k, device=None):
+        key = (L, S, block_q, block_k, str(device))  # the block sizes known without a sync
+        if key not in self._tile_cache:
+            self._tile_cache[key] = super().tiles(L, S, block_q, block_k, device)
         return self._tile_cache[key]
 
-    def _evaluate_tiles(self, L, S, nq, nk, bq, bk, dev):
-        out = torch.empty(self.batch_size, self.heads, nq, nk, dtype=torch.int8, device=dev)
-        per_band = max(1, BLOCK_ENTRIES // max(1, self.batch_size * self.heads * S * bq))
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+        if q_lo.device.type != "cpu":  # inside `&`/`|` on a device: no sync to read block sizes
+            return self._classes(L, S, q_lo[:, 0], k_lo[0])
+        bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1 if q_lo.numel() else 1
+        bk = int(k_hi[0, 0] - k_lo[0, 0]) + 1 if k_lo.numel() else 1
+        key = (L, S, bq, bk, "cpu")  # also when `&`/`|` ask for the classes of this part
+        if key not in self._tile_cache:
+            self._tile_cache[key] = self._classes(L, S, q_lo[:, 0], k_lo[0])
+        return self._tile_cache[key]
+
+    def _classes(self, L, S, q_first, k_first):
+        """Exact classes (Bm, Hm, nQ, nK) of tiles starting at q_first (nQ,) × k_first (nK,):
+        fn on a band of rows at a time, reduced into tiles by block ids (searchsorted), so no
+        block size (and no host sync) is needed."""
+        dev, n = q_first.device, self.batch_size * self.heads
+        nq, nk = q_first.numel(), k_first.numel()
+        hit = torch.zeros(n, nq, nk, dtype=torch.uint8, device=dev)  # some pair attends
+        every = torch.ones(n, nq, nk, dtype=torch.uint8, device=dev)  # every pair attends
+        if nq == 0 or nk == 0:
+            return classify(every.bool(), hit == 0).reshape(self.batch_size, self.heads, nq, nk)
         cols = torch.arange(S, device=dev)
-        for t0 in range(0, nq, per_band):  # whole query blocks at a time
-            t1 = min(nq, t0 + per_band)
-            r0, r1 = t0 * bq, min(L, t1 * bq)
-            m = self.block(torch.arange(r0, r1, device=dev), cols, L, S)  # (Bm, Hm, r, S)
-            pad = (0, nk * bk - S, 0, (t1 - t0) * bq - (r1 - r0))
-            shape = (self.batch_size, self.heads, t1 - t0, bq, nk, bk)
-            any_ = F.pad(m, pad, value=False).reshape(shape).any(-1).any(-2)
-            all_ = F.pad(m, pad, value=True).reshape(shape).all(-1).all(-2)
-            out[:, :, t0:t1] = classify(all_, ~any_)
-        return out
+        k_blk = torch.searchsorted(k_first, cols, right=True) - 1  # (S,): key block of each col
+        band = max(1, BLOCK_ENTRIES // max(1, n * S))
+        for r0 in range(0, L, band):
+            rows = torch.arange(r0, min(L, r0 + band), device=dev)
+            R = rows.numel()
+            m = self.block(rows, cols, L, S).reshape(n, R, S).to(torch.uint8)  # (Bm·Hm, R, S)
+            idx = k_blk.expand(n, R, S)
+            c_hit = m.new_zeros(n, R, nk).scatter_reduce_(2, idx, m, "amax")  # (Bm·Hm, R, nK)
+            c_all = m.new_ones(n, R, nk).scatter_reduce_(2, idx, m, "amin")
+            q_blk = (torch.searchsorted(q_first, rows, right=True) - 1)[None, :, None]
+            q_idx = q_blk.expand(n, R, nk)  # (Bm·Hm, R, nK): query block of each row
+            hit.scatter_reduce_(1, q_idx, c_hit, "amax")
+            every.scatter_reduce_(1, q_idx, c_all, "amin")
+        out = classify(every.bool(), hit == 0)  # (Bm·Hm, nQ, nK)
+        return out.reshape(self.batch_size, self.heads, nq, nk)
 
     def __repr__(self):
         name = getattr(self.fn, "__name__", type(self.fn).__name__)

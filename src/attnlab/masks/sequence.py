@@ -115,13 +115,15 @@ def _segments(name: str, x) -> torch.Tensor:
 
 
 def _block_ranges(seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """min and max segment id within each block [lo, hi] of every row of seg (B, N)."""
-    size = int((hi[0] - lo[0]).item()) + 1 if lo.numel() else 1
-    n_blocks = lo.numel()
-    pad = n_blocks * size - seg.shape[1]
-    padded = torch.cat([seg, seg[:, -1:].expand(-1, pad)], dim=1) if pad > 0 else seg
-    blocks = padded.reshape(seg.shape[0], n_blocks, size)  # (B, nBlocks, size)
-    return blocks.amin(-1), blocks.amax(-1)
+    """min and max segment id within each block [lo, hi] of every row of seg (B, N); block ids
+    from searchsorted, so no block size is read back from the device."""
+    B, N = seg.shape
+    blk = (torch.searchsorted(lo.contiguous(), torch.arange(N, device=seg.device), right=True)
+           - 1).expand(B, N)  # (B, N): block of each position
+    big = torch.iinfo(torch.int64).max
+    lo_id = torch.full((B, lo.numel()), big, dtype=seg.dtype, device=seg.device)
+    hi_id = torch.full((B, lo.numel()), -big - 1, dtype=seg.dtype, device=seg.device)
+    return lo_id.scatter_reduce_(1, blk, seg, "amin"), hi_id.scatter_reduce_(1, blk, seg, "amax")
 
 
 class Document(Mask):

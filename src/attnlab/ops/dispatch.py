@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.ops import budget, fused_cpu, nonfinite, numpy_ref, plain, sdpa, tiled
+from attnlab.ops import budget, flex, fused_cpu, nonfinite, numpy_ref, plain, sdpa, tiled
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -42,6 +42,9 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("math", "empty input: nothing to compute")
     if _mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
+    if p.score_mod is not None:
+        return Choice("tiled", "score_mod: the tiled kernel's plain path calls it on each chunk "
+                               "(forward and backward); the fused kernels cannot")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
     if need_lse and not fused_cpu.applies(p):
@@ -86,6 +89,7 @@ RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
     "math": lambda p, need_lse: plain.forward(p),
     "tiled": tiled.forward,
     "reference": lambda p, need_lse: numpy_ref.forward(p),
+    "flex": flex.forward,
 }
 BACKENDS = ("auto", *RUNNERS)
 

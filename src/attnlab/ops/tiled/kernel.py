@@ -34,6 +34,7 @@ Caution: no gradient flows to a float `attn_mask` or to ALiBi slopes (they are c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,7 @@ class Setup:
     fused: bool  # inner step on PyTorch's fused flash kernel (fused.py) instead of pure ops
     finite: bool  # k and v hold no NaN/Inf: masked key columns need no zeroing
     shift_invariant: bool = False  # the mask depends only on i - j (causal, sliding window)
+    score_mod: Callable | None = None  # the call's bound score_mod (plain path only)
     cache: dict = field(default_factory=dict)  # chunk masks by diagonal offset and shape
 
 
@@ -99,6 +101,7 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         finite=p.finite or (all_finite(p.key) and all_finite(p.value)),
         shift_invariant=(p.attn_mask is None and p.structured is not None
                          and p.structured.shift_invariant),
+        score_mod=p.score_mod,
     )
 
 
@@ -196,13 +199,17 @@ def alive_columns(st: Setup, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_scores(st: Setup, qb: torch.Tensor, k: torch.Tensor, q0: int, q1: int, ch: Chunk,
-                 allowed: torch.Tensor | None):
-    """(s (N, G·bq, ck) scores, t = tanh(raw/softcap) or None for the softcap gradient).
+                 allowed: torch.Tensor | None, grad: bool = False):
+    """(s (N, G·bq, ck) scores, t = tanh(raw/softcap) or None for the softcap gradient,
+    mod_vjp: ds -> ds through the score_mod, or None without one or without `grad`).
 
     qb: (N, G·bq, D) query rows and k: (N, ck, D) the chunk's keys, both in the accumulation dtype.
     """
     N, bq, ck = qb.shape[0], q1 - q0, ch.k1 - ch.k0
     s = scores.product(qb, k, st.scale)  # (N, G·bq, D) @ (N, D, ck) -> (N, G·bq, ck)
+    mod_vjp = None
+    if st.score_mod is not None:
+        s, mod_vjp = _score_mod(st, s, q0, q1, ch, grad)
     rows = cols = None
     if st.slopes is not None:  # ALiBi needs the global positions i and j
         rows = torch.arange(q0, q1, device=s.device)
@@ -214,7 +221,29 @@ def chunk_scores(st: Setup, qb: torch.Tensor, k: torch.Tensor, q0: int, q1: int,
                           softcap=st.softcap, slopes=st.slopes, rows=rows, cols=cols, bias=bias,
                           allowed=allowed)
     s = s5.view(N, st.G * bq, ck)  # (B, Hkv, G, bq, ck) -> (N, G·bq, ck)
-    return s, None if t is None else t.view(N, st.G * bq, ck)  # 5-D -> (N, G·bq, ck)
+    return s, None if t is None else t.view(N, st.G * bq, ck), mod_vjp  # 5-D -> (N, G·bq, ck)
+
+
+def _score_mod(st: Setup, s: torch.Tensor, q0: int, q1: int, ch: Chunk, grad: bool):
+    """(score_mod(s) (N, G·bq, ck), its vector-Jacobian product or None) for one chunk; the
+    heads of a key/value head are stacked along the rows, so (N, G·bq, ck) is (B, H, bq, ck)."""
+    N, bq, ck = s.shape[0], q1 - q0, ch.k1 - ch.k0
+    rows = torch.arange(q0, q1, device=s.device)
+    cols = torch.arange(ch.k0, ch.k1, device=s.device)
+    s4 = s.view(st.B, st.Hkv * st.G, bq, ck)  # (N, G·bq, ck) -> (B, H, bq, ck)
+    if not grad:
+        with torch.no_grad():
+            return scores.apply_score_mod(st.score_mod, s4, rows, cols).view(N, -1, ck), None
+    raw = s4.detach().requires_grad_(True)
+    with torch.enable_grad():
+        out = scores.apply_score_mod(st.score_mod, raw, rows, cols)  # (B, H, bq, ck)
+
+    def vjp(ds: torch.Tensor) -> torch.Tensor:  # d(score_mod)ᵀ · ds, (N, G·bq, ck)
+        g, = torch.autograd.grad(out, raw, ds.view_as(out))
+        return g.view(N, -1, ck)
+
+    # a copy: the caller turns the scores into weights in place, and out's backward may read out
+    return out.detach().clone().view(N, -1, ck), vjp
 
 
 def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
@@ -306,7 +335,7 @@ def _pure_fwd_rows(st: Setup, q5, k, v, q0, q1, chunks, gen):
         allowed = chunk_allowed(st, q0, q1, ch, qb.device) if ch.masked else None
         if allowed is not None and not st.finite:  # 0·NaN is NaN: zero unattended columns
             vc = torch.where(alive_columns(st, allowed), vc, 0.0)
-        s, _ = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
+        s, _, _ = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (N, G·bq, 1)
         shift = scores.exp_shift(m_new)
         p = torch.exp(s - shift)  # (N, G·bq, ck)
@@ -405,7 +434,7 @@ def _pure_bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv,
         if allowed is not None and not st.finite:
             alive = alive_columns(st, allowed)
             kc, vc = torch.where(alive, kc, 0.0), torch.where(alive, vc, 0.0)
-        s, t = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
+        s, t, mod_vjp = chunk_scores(st, qb, kc, q0, q1, ch, allowed, grad=True)
         p = s.sub_(lse_b).exp_()  # the weights, in place of the scores
         dp = torch.bmm(dob, vc.transpose(1, 2))  # (N, G·bq, Dv) @ (N, Dv, ck) -> (N, G·bq, ck)
         pz = p
@@ -416,6 +445,8 @@ def _pure_bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv,
         ds = dp.sub_(delta).mul_(p)  # (N, G·bq, ck): P · (dP - δ), in place of dP
         if t is not None:
             ds.mul_(t.mul_(t).neg_().add_(1.0))  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
+        if mod_vjp is not None:  # through the score_mod: its Jacobian (elementwise), by autograd
+            ds = mod_vjp(ds)
         dqb.baddbmm_(ds, kc)  # (N, G·bq, ck) @ (N, ck, D) -> (N, G·bq, D)
         # (N, ck, G·bq) @ (N, G·bq, D) -> (N, ck, D), times the scale
         dk3[:, ch.k0:ch.k1].baddbmm_(ds.transpose(1, 2), qb, alpha=st.scale)
