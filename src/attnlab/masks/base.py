@@ -30,11 +30,10 @@ def block_bounds(n: int, size: int, device=None) -> tuple[torch.Tensor, torch.Te
 
 
 def classify(full: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
-    """int8 tile classes from two bool tensors of the same shape; `full` wins ties never arise."""
-    out = torch.full(full.shape, PARTIAL, dtype=torch.int8, device=full.device)
-    out[full] = FULL
-    out[empty] = EMPTY
-    return out
+    """int8 tile classes from two bool tensors of the same shape (`empty` wins a tie; none arises
+    from exact classes). torch.where, not boolean indexing: no host sync on a device."""
+    kind = lambda c: torch.tensor(c, dtype=torch.int8, device=full.device)  # noqa: E731
+    return torch.where(empty, kind(EMPTY), torch.where(full, kind(FULL), kind(PARTIAL)))
 
 
 def as_4d(x: torch.Tensor) -> torch.Tensor:

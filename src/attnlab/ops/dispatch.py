@@ -11,7 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.ops import budget, flex, fused_cpu, nonfinite, numpy_ref, plain, sdpa, tiled
+from attnlab.ops import (
+    budget,
+    flex,
+    fused_cpu,
+    nonfinite,
+    nonfinite_device,
+    numpy_ref,
+    plain,
+    sdpa,
+    tiled,
+)
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -40,6 +50,8 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     d = p.dims
     if _empty(p):
         return Choice("math", "empty input: nothing to compute")
+    if on_device(p):
+        return _choose_device(p, need_lse)
     if _mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     if p.score_mod is not None:
@@ -64,6 +76,42 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     if dens > DENSE_ENOUGH:
         return Choice("sdpa", f"mask keeps {dens:.0%} of the tiles: dense mask, fused kernel")
     return Choice("tiled", f"structured mask: the tiled kernel visits {dens:.0%} of the tiles")
+
+
+def on_device(p: Problem) -> bool:
+    """The call runs on an accelerator (CUDA): SDPA's and Flex's device kernels, no host syncs."""
+    return p.query.device.type == "cuda"
+
+
+def _choose_device(p: Problem, need_lse: bool) -> Choice:
+    """The "auto" choice on CUDA: SDPA (flash / cuDNN / efficient) where it expresses the call
+    exactly (no mask, top-left causal, a dense attn_mask), compiled FlexAttention for structured
+    masks, mask functions, score_mods and the lse, which SDPA's CUDA kernels don't return."""
+    if _mask_grad(p):
+        return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
+    flexible = p.has_modifiers or (p.structured is not None and not p.is_plain_causal)
+    if p.dropout_p > 0:
+        if flexible:
+            return Choice("math", "dropout with a structured mask or score modifier: FlexAttention "
+                                  "has no dropout, so autograd through math")
+        return Choice("sdpa", "dropout: PyTorch's fused kernel")
+    if not flex.available():
+        return Choice("math" if flexible or need_lse else "sdpa",
+                      "this torch has no FlexAttention")
+    if p.score_mod is not None:
+        return Choice("flex", "score_mod: compiled FlexAttention calls it inside the kernel")
+    if p.has_modifiers:
+        return Choice("flex", "softcap/ALiBi: compiled FlexAttention as a score_mod")
+    if p.structured is not None and not p.is_plain_causal:
+        return Choice("flex", "structured mask: compiled FlexAttention skips the empty tiles "
+                              "(a BlockMask from the mask's tile classes)")
+    if need_lse:
+        return Choice("flex", "log-sum-exp requested: SDPA's CUDA kernels don't return it")
+    if p.attn_mask is not None:
+        return Choice("sdpa", "a dense attn_mask: PyTorch's fused kernel with it")
+    if p.is_plain_causal:
+        return Choice("sdpa", "top-left causal: PyTorch's fused kernel with is_causal=True")
+    return Choice("sdpa", "no mask: PyTorch's fused kernel (flash / cuDNN / efficient)")
 
 
 def _run_sdpa(p: Problem, need_lse: bool):
@@ -105,10 +153,11 @@ def run(name: str, p: Problem, need_lse: bool):
     if _empty(p):
         return plain.forward(p)  # empty in, empty out: the same on every backend
     _check_budget(name, p, need_lse)
-    p, bad = nonfinite.clean(p)
+    policy = nonfinite_device if on_device(p) else nonfinite  # no host syncs on a device
+    p, bad = policy.clean(p)
     out, lse = RUNNERS[name](p, need_lse)
     if bad is not None:
-        out, lse = nonfinite.poison(p, bad, out, lse)
+        out, lse = policy.poison(p, bad, out, lse)
     return out, lse
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 import weakref
 
 import torch
@@ -80,9 +81,11 @@ def forward(p: Problem, need_lse: bool):
     mask = _mask_of(p)
     bm = None if mask is None else block_mask(mask, d.L, d.S, dev)
     # torch compiles Flex on CPU for inference without an lse: an lse there comes from eager Flex
-    fn = _kernel(compiled() and not (dev.type == "cpu" and need_lse))
-    out, lse = run_kernel(fn, q, k, v, score_mod=score_mod_of(p, B), block_mask=bm,
-                          scale=p.scale, enable_gqa=d.groups > 1)
+    fused = compiled() and not (dev.type == "cpu" and need_lse)
+    with warnings.catch_warnings():  # eager Flex warns that it is unfused: we chose it
+        warnings.filterwarnings("ignore", message=".*without torch.compile")
+        out, lse = run_kernel(_kernel(fused), q, k, v, score_mod=score_mod_of(p, B),
+                              block_mask=bm, scale=p.scale, enable_gqa=d.groups > 1)
     out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
     return out, lse.reshape(p.query.shape[:-1]) if need_lse else None  # (B, H, L) -> (..., H, L)
 
