@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean chromium mutate
+.PHONY: setup demo test lint clean chromium mutate gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ MUTATE_ARGS ?=
 mutate: setup
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,mutate]"
 	$(BIN)/python benchmarks/mutate.py $(MUTATE_ARGS)
+
+# the device check (benchmarks/gpu.py): speed against SDPA / compiled Flex / flash-attn and
+# exactness against float64, on the CUDA device; GPU_ARGS passes options on, e.g. "--L 4096 16384"
+GPU_ARGS ?=
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) build mutants *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -77,6 +77,16 @@ def test_tiles_are_exact(name, bq, bk):
     assert torch.equal(m.tiles(L, S, bq, bk), tiles_from_dense(m.to_dense(L, S), bq, bk))
 
 
+@pytest.mark.parametrize("name", list(FUNCS))
+@pytest.mark.parametrize("bq,bk", [(1, 1), (3, 7), (16, 8)])
+def test_device_classification_is_exact(name, bq, bk):
+    """The form used inside `&`/`|` on a device (block ids by searchsorted, no block sizes)."""
+    fn, kw, _ = FUNCS[name]
+    m = masks.from_function(fn, **kw)
+    got = m._classes(L, S, torch.arange(0, L, bq), torch.arange(0, S, bk))
+    assert torch.equal(got, tiles_from_dense(m.to_dense(L, S), bq, bk))
+
+
 def test_tiles_are_evaluated_once_per_shape(monkeypatch):
     calls = []
 

@@ -23,7 +23,8 @@ def pretend_cuda(monkeypatch):
     monkeypatch.setattr(dispatch, "on_device", lambda p: True)
     calls = []
 
-    def kernel(fn, q, k, v, *, score_mod=None, block_mask=None, scale=None, enable_gqa=False):
+    def kernel(fn, q, k, v, need_lse, *, score_mod=None, block_mask=None, scale=None,
+               enable_gqa=False):
         B, H, L, _ = q.shape
         S = k.shape[2]
         calls.append({"block_mask": block_mask, "score_mod": score_mod})
@@ -36,7 +37,7 @@ def pretend_cuda(monkeypatch):
         if block_mask is not None:
             assert block_mask.kv_num_blocks.device == q.device
         return (torch.empty(B, H, L, v.shape[-1], dtype=q.dtype, device=q.device),
-                torch.empty(B, H, L, dtype=torch.float32, device=q.device))
+                torch.empty(B, H, L, dtype=torch.float32, device=q.device) if need_lse else None)
 
     monkeypatch.setattr(flex, "run_kernel", kernel)
     return calls

@@ -25,9 +25,10 @@ the tiled kernel does.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError
-from attnlab.masks.base import Mask, classify
+from attnlab.masks.base import Mask, _size, classify
 
 #: entries of the (Bm, Hm, rows, S) bool block evaluated at a time while classifying tiles
 BLOCK_ENTRIES = 1 << 24
@@ -76,9 +77,12 @@ class FunctionMask(Mask):
                 f"{len(cols)})") from None
 
     def tiles(self, L, S, block_q, block_k, device=None):
-        key = (L, S, block_q, block_k, str(device))  # the block sizes known without a sync
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        key = (L, S, block_q, block_k, str(dev))  # the block sizes known without a sync
         if key not in self._tile_cache:
-            self._tile_cache[key] = super().tiles(L, S, block_q, block_k, device)
+            L, S = _size("L", L), _size("S", S)
+            bq, bk = _size("block_q", block_q, 1), _size("block_k", block_k, 1)
+            self._tile_cache[key] = self._classes_sized(L, S, bq, bk, dev)
         return self._tile_cache[key]
 
     def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
@@ -86,10 +90,30 @@ class FunctionMask(Mask):
             return self._classes(L, S, q_lo[:, 0], k_lo[0])
         bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1 if q_lo.numel() else 1
         bk = int(k_hi[0, 0] - k_lo[0, 0]) + 1 if k_lo.numel() else 1
-        key = (L, S, bq, bk, "cpu")  # also when `&`/`|` ask for the classes of this part
-        if key not in self._tile_cache:
-            self._tile_cache[key] = self._classes(L, S, q_lo[:, 0], k_lo[0])
-        return self._tile_cache[key]
+        return self.tiles(L, S, bq, bk, q_lo.device)  # cached, also for `&`/`|`
+
+    def memo(self, key) -> dict:
+        """A store kernels may keep data derived from this mask in (e.g. chunk masks), keyed by
+        what they derive it for; it lives as long as the mask, like the tile classes."""
+        return self._tile_cache.setdefault(("memo", key), {})
+
+    def _classes_sized(self, L, S, bq, bk, dev):
+        """Exact classes (Bm, Hm, ceil(L/bq), ceil(S/bk)): fn on bands of whole query blocks,
+        each reduced by padding to whole tiles and reshaping (the fast form, sizes known)."""
+        nq, nk = -(-L // bq), -(-S // bk)
+        out = torch.empty(self.batch_size, self.heads, nq, nk, dtype=torch.int8, device=dev)
+        per_band = max(1, BLOCK_ENTRIES // max(1, self.batch_size * self.heads * S * bq))
+        cols = torch.arange(S, device=dev)
+        for t0 in range(0, nq, per_band):  # whole query blocks at a time
+            t1 = min(nq, t0 + per_band)
+            r0, r1 = t0 * bq, min(L, t1 * bq)
+            m = self.block(torch.arange(r0, r1, device=dev), cols, L, S)  # (Bm, Hm, r, S)
+            pad = (0, nk * bk - S, 0, (t1 - t0) * bq - (r1 - r0))
+            shape = (self.batch_size, self.heads, t1 - t0, bq, nk, bk)
+            any_ = F.pad(m, pad, value=False).reshape(shape).any(-1).any(-2)
+            all_ = F.pad(m, pad, value=True).reshape(shape).all(-1).all(-2)
+            out[:, :, t0:t1] = classify(all_, ~any_)
+        return out
 
     def _classes(self, L, S, q_first, k_first):
         """Exact classes (Bm, Hm, nQ, nK) of tiles starting at q_first (nQ,) × k_first (nK,):

@@ -28,7 +28,6 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.masks import FULL, PARTIAL, FunctionMask, Mask, from_dense
-from attnlab.masks.base import as_4d
 from attnlab.ops.problem import Problem
 
 #: FlexAttention's tile: the BlockMask's query and key block size
@@ -84,15 +83,17 @@ def forward(p: Problem, need_lse: bool):
     fused = compiled() and not (dev.type == "cpu" and need_lse)
     with warnings.catch_warnings():  # eager Flex warns that it is unfused: we chose it
         warnings.filterwarnings("ignore", message=".*without torch.compile")
-        out, lse = run_kernel(_kernel(fused), q, k, v, score_mod=score_mod_of(p, B),
+        out, lse = run_kernel(_kernel(fused), q, k, v, need_lse, score_mod=score_mod_of(p, B),
                               block_mask=bm, scale=p.scale, enable_gqa=d.groups > 1)
     out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
     return out, lse.reshape(p.query.shape[:-1]) if need_lse else None  # (B, H, L) -> (..., H, L)
 
 
-def run_kernel(fn, q, k, v, **kw):
-    """(out, lse) from FlexAttention `fn`: the one place that calls the kernel (tests replace
-    it to walk the device path on tensors no kernel can run on)."""
+def run_kernel(fn, q, k, v, need_lse: bool, **kw):
+    """(out, lse or None) from FlexAttention `fn`: the one place that calls the kernel (tests
+    replace it to walk the device path on tensors no kernel can run on)."""
+    if not need_lse:
+        return fn(q, k, v, **kw), None
     from torch.nn.attention.flex_attention import AuxRequest
 
     out, aux = fn(q, k, v, return_aux=AuxRequest(lse=True), **kw)
@@ -135,7 +136,7 @@ def block_mask(mask: Mask, L: int, S: int, device):
         t = mask.tiles(L, S, BLOCK, BLOCK, device=device)  # (Bm, Hm, nQ, nK) int8
         partial, full = _kv_blocks(t == PARTIAL), _kv_blocks(t == FULL)
         per[key] = BlockMask.from_kv_blocks(*partial, *full, BLOCK_SIZE=BLOCK,
-                                            mask_mod=mask_mod_of(mask, L, S),
+                                            mask_mod=mask_mod_of(mask, L, S, device),
                                             seq_lengths=(L, S))
     return per[key]
 
@@ -148,21 +149,63 @@ def _kv_blocks(sel: torch.Tensor):
     return num, idx.to(torch.int32)
 
 
-def mask_mod_of(mask: Mask, L: int, S: int):
-    """The mask as FlexAttention's mask_mod(b, h, q_idx, kv_idx) on scalar indices."""
+def mask_mod_of(mask: Mask, L: int, S: int, device=None):
+    """The mask as FlexAttention's mask_mod(b, h, q_idx, kv_idx) on scalar indices.
+
+    Compiled Flex lowers a mask_mod into its kernel, so it must be pointwise: arithmetic on the
+    indices and loads from captured tensors, no reshapes or searches. Each kind gets that form
+    here: a mask function is itself; causal and sliding windows are comparisons; band masks
+    (window, ragged_causal, block_diagonal) and any mask with per-row intervals load their row's
+    [lo, hi); padding, prefixes, documents and dense masks load their lengths / ids / bits;
+    `&`, `|`, `~` combine their parts. A kind with none of these is materialised once on the
+    device (L×S bools) and loaded.
+    """
+    from attnlab.masks.base import And, Not, Or
+    from attnlab.masks.dense import Dense
+    from attnlab.masks.positional import Causal, SlidingWindow
+    from attnlab.masks.sequence import Document, KeyPrefix, Padding
+
     if isinstance(mask, FunctionMask):
         return mask.fn
-    Bm, Hm = mask.batch_size, mask.heads
+    if isinstance(mask, (And, Or)):
+        a, b = mask_mod_of(mask.a, L, S, device), mask_mod_of(mask.b, L, S, device)
+        if isinstance(mask, And):
+            return lambda bi, h, q, k: a(bi, h, q, k) & b(bi, h, q, k)
+        return lambda bi, h, q, k: a(bi, h, q, k) | b(bi, h, q, k)
+    if isinstance(mask, Not):
+        a = mask_mod_of(mask.a, L, S, device)
+        return lambda bi, h, q, k: ~a(bi, h, q, k)
+    if isinstance(mask, Causal):
+        off = 0 if mask.align == "top_left" else S - L
+        return lambda b, h, q, k: k <= q + off
+    if isinstance(mask, SlidingWindow):
+        off, size = (0 if mask.align == "top_left" else S - L), mask._size(L, S)
+        return lambda b, h, q, k: (k <= q + off) & (k > q + off - size)
+    if isinstance(mask, Padding):
+        kl, ql = (t.reshape(-1).to(device) for t in mask._limits(device))  # (Bm,) each
+        pick = _pick(mask.batch_size)
+        return lambda b, h, q, k: (k < kl[pick(b)]) & (q < ql[pick(b)])
+    if isinstance(mask, KeyPrefix):
+        n, pick = mask.lengths.to(device), _pick(mask.batch_size)
+        return lambda b, h, q, k: k < n[pick(b)]
+    if isinstance(mask, Document):
+        qs, ks = mask.q_seg.to(device), mask.kv_seg.to(device)  # (Bm|1, L), (Bm|1, S)
+        pq, pk = _pick(qs.shape[0]), _pick(ks.shape[0])
+        return lambda b, h, q, k: qs[pq(b), q] == ks[pk(b), k]
+    iv = mask.intervals(L, S, device=device) if hasattr(mask, "intervals") else None
+    if iv is not None:
+        lo, hi = iv  # (Bm|1, Hm|1, L) int32
+        pb, ph = _pick(lo.shape[0]), _pick(lo.shape[1])
+        return lambda b, h, q, k: (k >= lo[pb(b), ph(h), q]) & (k < hi[pb(b), ph(h), q])
+    t = mask.tensor.to(device) if isinstance(mask, Dense) else mask.to_dense(L, S, device)
+    pb, ph = _pick(t.shape[0]), _pick(t.shape[1])
+    return lambda b, h, q, k: t[pb(b), ph(h), q, k]
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        rows = q_idx.reshape(1).to(torch.int64)
-        cols = kv_idx.reshape(1).to(torch.int64)
-        m = as_4d(mask._block(rows, cols, L, S))  # (Bm|1, Hm|1, 1, 1)
-        bi = b if m.shape[0] > 1 and Bm > 1 else 0
-        hi = h if m.shape[1] > 1 and Hm > 1 else 0
-        return m[bi, hi, 0, 0]
 
-    return mask_mod
+def _pick(n: int):
+    """The index into a dim of size n: the batch/head index itself, or 0 when the dim is
+    broadcast (size 1)."""
+    return (lambda i: i) if n > 1 else (lambda i: 0)
 
 
 def score_mod_of(p: Problem, B: int):
