@@ -227,3 +227,28 @@ def test_context_parallel_transfer_sets_match_the_builtin():
         b = Geometry(L=512, S=512, world=4, layout=layout, mask=masks.sliding_window(5))
         assert torch.equal(a.need_blocks, b.need_blocks)
         assert a.work_pairs() == b.work_pairs()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # fused and plain chunk paths
+def test_tiled_keeps_chunk_masks_across_calls(dtype):
+    """A mask function is not shift invariant, so the tiled kernel keeps each chunk's mask in
+    the mask's store: the second call of a shape evaluates fn no more, and stays exact (also
+    with NaN keys, which must not reuse the clean-keys shortcut)."""
+    calls = []
+
+    def sliding9(b, h, q, k):
+        calls.append(1)
+        return (q >= k) & (q - k < 9)
+
+    m = masks.from_function(sliding9)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 600, 16, generator=g, dtype=dtype) for _ in range(3))
+    first = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    n = len(calls)
+    again = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    assert len(calls) == n and torch.equal(first, again)
+    k[0, 1, 300, 0] = float("nan")
+    want = attnlab.attention(q, k, v, mask=masks.sliding_window(9), backend="math")
+    got = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    assert torch.equal(got.isnan(), want.isnan())
+    assert (got[~want.isnan()] - want[~want.isnan()]).abs().max() < 1e-5

@@ -79,6 +79,9 @@ class Setup:
     finite: bool  # k and v hold no NaN/Inf: masked key columns need no zeroing
     shift_invariant: bool = False  # the mask depends only on i - j (causal, sliding window)
     score_mod: Callable | None = None  # the call's bound score_mod (plain path only)
+    #: chunk masks kept across calls by a mask that offers a store (`FunctionMask.memo`): a mask
+    #: function is not shift invariant, so this is its stand-in for `cache`
+    memo: dict | None = None
     cache: dict = field(default_factory=dict)  # chunk masks by diagonal offset and shape
 
 
@@ -102,7 +105,30 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         shift_invariant=(p.attn_mask is None and p.structured is not None
                          and p.structured.shift_invariant),
         score_mod=p.score_mod,
+        memo=_memo(p, fused),
     )
+
+
+#: most mask entries one mask's store keeps across calls (chunk biases in the input dtype)
+MEMO_ENTRIES = 1 << 24
+
+
+def _memo(p: Problem, fused: bool) -> dict | None:
+    """The structured mask's store for this shape, when it offers one and masks alone."""
+    store = getattr(p.structured, "memo", None)
+    if p.attn_mask is not None or not callable(store):
+        return None
+    d = p.dims
+    return store(("tiled.chunks", d.L, d.S, d.batch, d.Hkv, d.groups, str(p.query.dtype),
+                  str(p.query.device), fused))
+
+
+def _remember(st: Setup, key, value, entries: int) -> None:
+    """Keep a chunk's mask in the store while it holds fewer than MEMO_ENTRIES entries."""
+    used = st.memo.get("entries", 0)
+    if used + entries <= MEMO_ENTRIES:
+        st.memo[key] = value
+        st.memo["entries"] = used + entries
 
 
 def _bias4(p: Problem) -> torch.Tensor | None:
@@ -177,10 +203,17 @@ def bias_chunk(st: Setup, q0: int, q1: int, ch: Chunk) -> torch.Tensor:
 def chunk_allowed(st: Setup, q0: int, q1: int, ch: Chunk, device) -> torch.Tensor | None:
     """bool (B|1, Hkv|1, G|1, bq, ck): which pairs of this chunk may attend (None = all)."""
     allowed = None
+    key = ("allowed", q0, q1, ch.k0, ch.k1)
+    if st.memo is not None and key in st.memo:
+        return st.memo[key]
     if st.structured is not None:
         rows = torch.arange(q0, q1, device=device)
         cols = torch.arange(ch.k0, ch.k1, device=device)
         allowed = _flat_batch(st.structured.block(rows, cols, st.L, st.S), st)  # (Bm, Hm, bq, ck)
+        if st.memo is not None:  # the mask alone: kept for the next call of this shape
+            allowed = heads5(allowed, st)
+            _remember(st, key, allowed, allowed.numel())
+            return allowed
     if st.bias is not None:
         b = bias_chunk(st, q0, q1, ch)
         b = b if b.dtype == torch.bool else b != float("-inf")
@@ -255,6 +288,9 @@ def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
     key = (q0 - ch.k0, q1 - q0, ch.k1 - ch.k0)
     if st.shift_invariant and st.finite and key in st.cache:
         return kc, vc, *st.cache[key]  # the same diagonal offset has the same mask
+    mkey = ("fused", q0, q1, ch.k0, ch.k1)
+    if st.memo is not None and st.finite and mkey in st.memo:
+        return kc, vc, *st.memo[mkey]  # this chunk of this mask, kept from an earlier call
     allowed = chunk_allowed(st, q0, q1, ch, k.device)  # (B|1, Hkv|1, G|1, bq, ck)
     if not st.finite:  # 0·NaN is NaN: zero the columns no row of this chunk attends
         alive = alive_columns(st, allowed).view(st.B, st.Hkv, -1, 1)  # (N, ck, 1) -> 4-D
@@ -270,6 +306,8 @@ def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
     row_alive = rows.reshape(*rows.shape[:2], st.G * bq)  # -> (B|1, Hkv|1, G·bq), kernel rows
     if st.shift_invariant:
         st.cache[key] = (bias, row_alive)
+    elif st.memo is not None:
+        _remember(st, mkey, (bias, row_alive), bias.numel())
     return kc, vc, bias, row_alive
 
 
