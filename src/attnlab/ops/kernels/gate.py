@@ -2,7 +2,7 @@
 
 Everything the kernel cannot take as given is made here, once per call: fp32 contiguous copies
 of inputs in other dtypes or strides, Kᵀ (and Vᵀ for the backward) with the key dimension
-contiguous and padded to a multiple of 16 keys, k and v rows padded to a multiple of 16 floats.
+contiguous in chunks of 16 keys, k and v rows padded to a multiple of 16 floats.
 These copies cost O(S·D); the attention they serve costs O(L·S·D) or O(L·w·D).
 """
 
@@ -121,10 +121,15 @@ def rows_padded(x: torch.Tensor) -> torch.Tensor:
 
 
 def keys_last(x: torch.Tensor) -> torch.Tensor:
-    """(B, Hkv, S, n) -> float32 (B, Hkv, n, S padded to PAD): the key dimension contiguous."""
-    S = x.shape[2]
+    """(B, Hkv, S, n) -> float32 (B, Hkv, S16/PAD, n, PAD), S16 = S padded to PAD with zero keys:
+    Kᵀ in chunks of PAD keys, the keys of one dimension contiguous (csrc/tiles.h: chunked)."""
+    B, Hkv, S, n = x.shape
     width = -(-S // PAD) * PAD
-    out = x.new_empty(*x.shape[:2], x.shape[3], width, dtype=torch.float32)
-    out[..., :S] = x.transpose(-2, -1)  # (B, Hkv, S, n) -> (B, Hkv, n, S)
-    out[..., S:] = 0
+    out = x.new_empty(B, Hkv, width // PAD, n, PAD, dtype=torch.float32)
+    full = S // PAD * PAD
+    out[:, :, :S // PAD] = x[:, :, :full].reshape(B, Hkv, S // PAD, PAD, n).transpose(-2, -1)
+    if full < S:  # the last, partial chunk: zero keys after S
+        tail = x.new_zeros(B, Hkv, PAD, n, dtype=torch.float32)
+        tail[:, :, :S - full] = x[:, :, full:]
+        out[:, :, -1] = tail.transpose(-2, -1)
     return out

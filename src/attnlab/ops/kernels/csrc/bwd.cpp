@@ -111,8 +111,8 @@ void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float*
   load_rows(pr, lse, delta, dout, b, h, p, D, Qs, dOs, rw);
   zero_span(dQ, rw.ng * RQ * ldk);
   const int64_t kv = (int64_t)b * pr.Hkv + hk;
-  const float* kt = pr.kt + kv * D * pr.S16;     // (D, S16)
-  const float* vt = pr.vt + kv * pr.Dv * pr.S16;  // (Dv, S16)
+  const float* kt = pr.kt + kv * D * pr.S16;      // (S16/PAD, D, PAD)
+  const float* vt = pr.vt + kv * pr.Dv * pr.S16;  // (S16/PAD, Dv, PAD)
   const float* k = pr.k + kv * pr.S * ldk;        // (S, ldk)
   const float slope = pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f;
   for (int j0 = pn.klo[at] & ~(PAD - 1); j0 < pn.khi[at]; j0 += BK) {
@@ -120,8 +120,8 @@ void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float*
       const int ga = std::max(j0, rw.glo[g]), gb = std::min(j0 + BK, rw.ghi[g]);
       if (ga >= gb) continue;
       const int va = (ga - j0) / W, vb = (gb - j0 + W - 1) / W, r0 = g * RQ;
-      dot_rows(Qs + r0 * D, D, kt + j0, pr.S16, D, Sb, BK, va, vb);          // S
-      dot_rows(dOs + r0 * ldv, ldv, vt + j0, pr.S16, pr.Dv, dPb, BK, va, vb);  // dP = dO Vᵀ
+      dot_rows(Qs + r0 * D, D, kt, D, j0, Sb, BK, va, vb);            // S
+      dot_rows(dOs + r0 * ldv, ldv, vt, pr.Dv, j0, dPb, BK, va, vb);  // dP = dO Vᵀ
       grad_step(pr, rw, Sb, dPb, BK, j0, va, vb, ga, gb, r0, slope);
       // dQ += dS[:, ga:gb] @ K[ga:gb]   (RQ, keys) @ (keys, D) -> (RQ, D)
       outer_rows(dQ + r0 * ldk, ldk, nullptr, dPb + (ga - j0), BK, 1, k + (int64_t)ga * ldk, ldk,
@@ -153,8 +153,8 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
   Rows& rw = *reinterpret_cast<Rows*>(dV + KP * ldv);
   zero_span(dK, KP * ldk);
   zero_span(dV, KP * ldv);
-  const float* kt = pr.kt + kv * D * pr.S16 + kp0;       // (D, S16) from key kp0
-  const float* vt = pr.vt + kv * Dv * pr.S16 + kp0;      // (Dv, S16) from key kp0
+  const float* kt = pr.kt + kv * D * pr.S16;   // (S16/PAD, D, PAD)
+  const float* vt = pr.vt + kv * Dv * pr.S16;  // (S16/PAD, Dv, PAD)
   for (int h = hk * G; h < (hk + 1) * G; ++h) {
     const float slope = pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f;
     for (int p = 0; p < pn.P; ++p) {
@@ -169,8 +169,8 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
         const int ga = std::max(kp0, rw.glo[g]), gb = std::min(kp1, rw.ghi[g]);
         if (ga >= gb) continue;
         const int va = (ga - kp0) / W, vb = (gb - kp0 + W - 1) / W;
-        dot_rows(Qs + r0 * ldk, ldk, kt, pr.S16, D, Pb + r0 * KP, KP, va, vb);     // S
-        dot_rows(dOs + r0 * ldv, ldv, vt, pr.S16, Dv, dSb + r0 * KP, KP, va, vb);  // dP
+        dot_rows(Qs + r0 * ldk, ldk, kt, D, kp0, Pb + r0 * KP, KP, va, vb);     // S
+        dot_rows(dOs + r0 * ldv, ldv, vt, Dv, kp0, dSb + r0 * KP, KP, va, vb);  // dP
         grad_step(pr, rw, Pb + r0 * KP, dSb + r0 * KP, KP, kp0, va, vb, ga, gb, r0, slope);
         ka = std::min(ka, ga);
         kb = std::max(kb, gb);

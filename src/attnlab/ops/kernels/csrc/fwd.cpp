@@ -125,7 +125,7 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
     }
   }
   const int64_t kv = (int64_t)b * pr.Hkv + hk;
-  const float* kt = pr.kt + kv * D * pr.S16;  // (D, S16)
+  const float* kt = pr.kt + kv * D * pr.S16;  // (S16/PAD, D, PAD)
   const float* v = pr.v + kv * pr.S * ldv;    // (S, ldv)
   RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f,
              pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f, pr.slopes != nullptr, 0};
@@ -134,7 +134,7 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
       const int ga = std::max(j0, glo[g]), gb = std::min(j0 + BK, ghi[g]);
       if (ga >= gb) continue;
       const int va = (ga - j0) / W, vb = (gb - j0 + W - 1) / W, r0 = g * RQ;
-      dot_rows(Qs + r0 * D, D, kt + j0, pr.S16, D, Sb, BK, va, vb);  // (RQ, D) @ (D, keys)
+      dot_rows(Qs + r0 * D, D, kt, D, j0, Sb, BK, va, vb);  // (RQ, D) @ (D, keys)
       softmax_step(pr, md, Sb, j0, va, vb, ga, gb, r0, i0, rlo, rhi, m, l, alpha);
       // O = O·alpha + P[:, ga:gb] @ V[ga:gb]   (RQ, keys) @ (keys, Dv) -> (RQ, Dv)
       outer_rows(O + r0 * ldv, ldv, alpha, Sb + (ga - j0), BK, 1, v + (int64_t)ga * ldv, ldv,

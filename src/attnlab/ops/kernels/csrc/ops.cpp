@@ -30,7 +30,7 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
                      const Tensor& hi, const std::optional<Tensor>& slopes, double scale,
                      double softcap, int64_t pos_off, int64_t Dv) {
   expect(q, "q", 4);
-  expect(kt, "kt", 4);
+  expect(kt, "kt", 5);
   expect(v, "v", 4);
   expect(lo, "lo", 3);
   expect(hi, "hi", 3);
@@ -46,11 +46,11 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   pr.Hkv = kt.size(1);
   pr.S = v.size(2);
   pr.Dv = Dv;
-  pr.S16 = kt.size(3);
+  pr.S16 = kt.size(2) * PAD;
   pr.ldv = v.size(3);
   pr.ldk = (pr.D + PAD - 1) / PAD * PAD;
-  TORCH_CHECK(kt.size(0) == pr.B && kt.size(2) == pr.D && pr.S16 % PAD == 0 && pr.S16 >= pr.S,
-              "kt: expected (B, Hkv, D, S16), got ", kt.sizes());
+  TORCH_CHECK(kt.size(0) == pr.B && kt.size(3) == pr.D && kt.size(4) == PAD && pr.S16 >= pr.S,
+              "kt: expected (B, Hkv, S16/PAD, D, PAD), got ", kt.sizes());
   TORCH_CHECK(v.size(0) == pr.B && v.size(1) == pr.Hkv && pr.ldv % PAD == 0 && pr.ldv >= Dv,
               "v: expected (B, Hkv, S, Dv padded), got ", v.sizes());
   TORCH_CHECK(pr.Hkv > 0 && pr.H % pr.Hkv == 0, "H must be a multiple of Hkv");
@@ -142,12 +142,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
   const int64_t Dv = dout.size(3);
   Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
   expect(k, "k", 4);
-  expect(vt, "vt", 4);
+  expect(vt, "vt", 5);
   expect(lse, "lse", 3);
   expect(delta, "delta", 3);
   expect(dout, "dout", 4);
   TORCH_CHECK(k.size(2) == pr.S && k.size(3) == pr.ldk, "k: expected (B, Hkv, S, D padded)");
-  TORCH_CHECK(vt.size(2) == Dv && vt.size(3) == pr.S16, "vt: expected (B, Hkv, Dv, S16)");
+  TORCH_CHECK(vt.size(2) * PAD == pr.S16 && vt.size(3) == Dv, "vt: expected (B, Hkv, S16/PAD, Dv, PAD)");
   TORCH_CHECK(dout.size(2) == pr.L && lse.size(2) == pr.L && delta.size(2) == pr.L,
               "dout, lse, delta: one row per query");
   pr.k = k.data_ptr<float>();

@@ -12,17 +12,23 @@ namespace attnlab_k {
 constexpr int NVK = W == 8 ? 2 : 4;
 constexpr int NVO = W == 8 ? 2 : 4;
 
-// C[r][t·W..] = Σ_d A[r·lda + d] · BT[d·ldbt + t·W..] for RQ rows, NV vectors of keys:
-// scores Q·Kᵀ (A = packed, pre-scaled Q; BT = Kᵀ with the key dimension contiguous)
+// Kᵀ (and Vᵀ) are stored in chunks of PAD keys: (S16 / PAD, D, PAD), so the PAD keys of one
+// dimension are contiguous and a tile's loads walk forward through memory (few pages, prefetch)
+static inline const float* chunked(const float* base, int D, int j) {
+  return base + (int64_t)(j / PAD) * D * PAD + j % PAD;
+}
+
+// C[r][t·W..] = Σ_d A[r·lda + d] · Kᵀ[d][keys of vector t] for RQ rows, NV vectors of keys:
+// scores Q·Kᵀ (A = packed, pre-scaled Q), or dP = dO·Vᵀ
 template <int NV>
-static inline void dot_tile(const float* A, int64_t lda, const float* BT, int64_t ldbt, int D,
-                            float* C, int64_t ldc) {
+static inline void dot_tile(const float* A, int64_t lda, const float* const* bp, int D, float* C,
+                            int64_t ldc) {
   vf acc[RQ][NV];
   for (int r = 0; r < RQ; ++r)
     for (int t = 0; t < NV; ++t) acc[r][t] = vzero();
   for (int d = 0; d < D; ++d) {
     vf b[NV];
-    for (int t = 0; t < NV; ++t) b[t] = vload(BT + d * ldbt + t * W);
+    for (int t = 0; t < NV; ++t) b[t] = vload(bp[t] + d * PAD);
     for (int r = 0; r < RQ; ++r) {
       vf a = vset(A[r * lda + d]);
       for (int t = 0; t < NV; ++t) acc[r][t] = vfma(a, b[t], acc[r][t]);
@@ -32,17 +38,19 @@ static inline void dot_tile(const float* A, int64_t lda, const float* BT, int64_
     for (int t = 0; t < NV; ++t) vstore(C + r * ldc + t * W, acc[r][t]);
 }
 
-// vectors [va, vb) of C's RQ rows (C and BT point at the block's first key)
-static inline void dot_rows(const float* A, int64_t lda, const float* BT, int64_t ldbt, int D,
+// vectors [va, vb) of C's RQ rows, C[·][0] at key j0; kt is the chunked (S16/PAD, D, PAD) Kᵀ
+static inline void dot_rows(const float* A, int64_t lda, const float* kt, int D, int j0,
                             float* C, int64_t ldc, int va, int vb) {
   for (int v = va; v < vb; v += NVK) {
-    const float* b = BT + v * W;
+    const float* bp[NVK];
+    const int n = std::min(NVK, vb - v);
+    for (int t = 0; t < NVK; ++t) bp[t] = chunked(kt, D, j0 + (v + std::min(t, n - 1)) * W);
     float* c = C + v * W;
-    switch (std::min(NVK, vb - v)) {
-      case 1: dot_tile<1>(A, lda, b, ldbt, D, c, ldc); break;
-      case 2: dot_tile<2>(A, lda, b, ldbt, D, c, ldc); break;
-      case 3: dot_tile<3>(A, lda, b, ldbt, D, c, ldc); break;
-      default: dot_tile<NVK>(A, lda, b, ldbt, D, c, ldc); break;
+    switch (n) {
+      case 1: dot_tile<1>(A, lda, bp, D, c, ldc); break;
+      case 2: dot_tile<2>(A, lda, bp, D, c, ldc); break;
+      case 3: dot_tile<3>(A, lda, bp, D, c, ldc); break;
+      default: dot_tile<NVK>(A, lda, bp, D, c, ldc); break;
     }
   }
 }
