@@ -22,6 +22,7 @@ from attnlab.ops import (
     sdpa,
     tiled,
 )
+from attnlab.ops.kernels import runner as interval
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -56,7 +57,10 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     if p.score_mod is not None:
         return Choice("tiled", "score_mod: the tiled kernel's plain path calls it on each chunk "
-                               "(forward and backward); the fused kernels cannot")
+                               "(forward and backward); the fused and interval kernels cannot")
+    if (p.structured is not None or p.has_modifiers or need_lse) and _interval(p):
+        return Choice("tiled", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
+                               f"({_isa()}) computes only each row's key interval")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
     if need_lse and not fused_cpu.applies(p):
@@ -114,6 +118,30 @@ def _choose_device(p: Problem, need_lse: bool) -> Choice:
     return Choice("sdpa", "no mask: PyTorch's fused kernel (flash / cuDNN / efficient)")
 
 
+def _interval_why(p: Problem, need_lse: bool) -> str:
+    if p.structured is not None:
+        return "interval-shaped mask"
+    return "softcap/ALiBi" if p.has_modifiers else "log-sum-exp requested"
+
+
+def _isa() -> str:
+    from attnlab.ops import kernels
+
+    return kernels.status().isa or "?"
+
+
+def _interval(p: Problem) -> bool:
+    """The interval kernel runs this call (never one with a score_mod: it cannot call it)."""
+    return p.score_mod is None and interval.applies(p)
+
+
+def _run_tiled(p: Problem, need_lse: bool):
+    """Backend "tiled": the interval kernel for interval-shaped calls, else the tiled loop."""
+    if _interval(p):
+        return interval.forward(p, need_lse)
+    return tiled.forward(p, need_lse)
+
+
 def _run_sdpa(p: Problem, need_lse: bool):
     if _sdpa_math(p, need_lse):
         return plain.forward(p)  # the same numbers, with what the kernel can't do here
@@ -135,7 +163,7 @@ def _mask_grad(p: Problem) -> bool:
 RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
     "sdpa": _run_sdpa,
     "math": lambda p, need_lse: plain.forward(p),
-    "tiled": tiled.forward,
+    "tiled": _run_tiled,
     "reference": lambda p, need_lse: numpy_ref.forward(p),
     "flex": flex.forward,
 }

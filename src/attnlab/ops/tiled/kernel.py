@@ -343,15 +343,18 @@ def _fwd(st: Setup, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     lse (B, H, L) in the accumulation dtype)."""
     G, Dv = st.G, v.shape[-1]
     q5 = q.reshape(st.B, st.Hkv, G, st.L, q.shape[-1])  # (B, H, L, D) -> (B, Hkv, G, L, D)
-    out = torch.zeros(st.B, st.Hkv, G, st.L, Dv, dtype=q.dtype, device=q.device)
-    lse = torch.full((st.B, st.Hkv, G, st.L), float("-inf"), dtype=st.acc, device=q.device)
+    out = torch.empty(st.B, st.Hkv, G, st.L, Dv, dtype=q.dtype, device=q.device)
+    lse = torch.empty(st.B, st.Hkv, G, st.L, dtype=st.acc, device=q.device)
     rows = _fused_fwd_rows if st.fused else _pure_fwd_rows
     gen = generator(st, q.device)
-    for q0, q1, chunks in st.plan.rows:
-        if chunks:  # no chunks: every pair masked, output stays 0 and lse -inf
+    for q0, q1, chunks in st.plan.rows:  # the blocks tile 0..L: each row is written once
+        if chunks:
             o, lb = rows(st, q5, k, v, q0, q1, chunks, gen)  # (B, Hkv, G, bq, Dv), (.., G, bq)
             out[:, :, :, q0:q1] = o
             lse[:, :, :, q0:q1] = lb
+        else:  # every pair masked: output 0 and lse -inf
+            out[:, :, :, q0:q1] = 0
+            lse[:, :, :, q0:q1] = float("-inf")
     out = out.view(st.B, st.Hkv * G, st.L, Dv)  # (B, Hkv, G, L, Dv) -> (B, H, L, Dv)
     return out, lse.view(st.B, st.Hkv * G, st.L)  # (B, Hkv, G, L) -> (B, H, L)
 
@@ -434,15 +437,17 @@ def _bwd(st: Setup, q, k, v, out, lse, dout, dlse=None):
     do5 = dout.reshape(st.B, st.Hkv, G, st.L, Dv)  # (B, H, L, Dv) -> (B, Hkv, G, L, Dv)
     lse5 = lse.reshape(st.B, st.Hkv, G, st.L)  # (B, H, L) -> (B, Hkv, G, L)
     dlse5 = None if dlse is None else dlse.reshape(st.B, st.Hkv, G, st.L)  # like lse5
-    dq = torch.zeros(st.B, st.Hkv, G, st.L, D, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(st.B, st.Hkv, st.S, D, dtype=st.acc, device=q.device)
-    dv = torch.zeros(st.B, st.Hkv, st.S, Dv, dtype=st.acc, device=q.device)
+    dq = torch.empty(st.B, st.Hkv, G, st.L, D, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(st.B, st.Hkv, st.S, D, dtype=st.acc, device=q.device)  # accumulated into
+    dv = torch.zeros(st.B, st.Hkv, st.S, Dv, dtype=st.acc, device=q.device)  # accumulated into
     rows = _fused_bwd_rows if st.fused else _pure_bwd_rows
     gen = generator(st, q.device)  # replays the forward's dropout, in the same order
-    for q0, q1, chunks in st.plan.rows:
+    for q0, q1, chunks in st.plan.rows:  # the blocks tile 0..L: each dq row is written once
         if chunks:
             g = rows(st, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv, gen, dlse5)
             dq[:, :, :, q0:q1] = g  # (B, Hkv, G, bq, D)
+        else:  # nothing attended: no gradient
+            dq[:, :, :, q0:q1] = 0
     dq = dq.view(q.shape)  # (B, Hkv, G, L, D) -> (B, H, L, D)
     dk, dv = dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)  # (B, Hkv, S, D|Dv)
     if extra:  # drop the lse columns: (.., D + extra) -> (.., D)
