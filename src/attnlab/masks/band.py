@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import AttnlabError, check_choice
-from attnlab.masks.base import Mask, _size, classify
+from attnlab.masks.base import Mask, classify
 from attnlab.masks.sequence import _lengths
 
 ALIGNS = ("top_left", "bottom_right")
@@ -36,13 +36,9 @@ class Band(Mask):
         c = cols[None, None, None, :]  # (1, 1, 1, C)
         return (c >= lo[..., None]) & (c < hi[..., None])  # (Bm|1, Hm|1, R, C)
 
-    def intervals(self, L: int, S: int, device=None):
-        """int32 (lo, hi), each (Bm|1, Hm|1, L): query i attends keys lo <= j < hi."""
-        L, S = _size("L", L), _size("S", S)
-        self.check(L, S)
-        lo, hi = self._bounds(torch.arange(L, device=device), L, S)
-        lo, hi = torch.broadcast_tensors(lo, hi)
-        return lo.to(torch.int32), hi.to(torch.int32)
+    def _intervals(self, L, S, device):
+        """(lo, hi) (Bm|1, Hm|1, L) from the bounds: every band mask is interval-shaped."""
+        return self._bounds(torch.arange(L, device=device), L, S)
 
     def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
         dev = q_lo.device

@@ -53,7 +53,7 @@ class FunctionMask(Mask):
         """fn itself, in FlexAttention's convention (torch's Flex kernels call this)."""
         return self.fn(b, h, q_idx, kv_idx)
 
-    def intervals(self, L: int, S: int, device=None):
+    def _intervals(self, L, S, device):
         """None: a function is not known to be interval-shaped (see the module's Caution)."""
         return None
 

@@ -19,6 +19,7 @@ through the kernel itself and cannot spread further.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 
@@ -85,10 +86,21 @@ def _fit(x: torch.Tensor, lead, L: int) -> torch.Tensor:
 
 def _intervals(p: Problem):
     """The structured mask's per-row key intervals when it alone masks the call and is one batch
-    element wide (or the batch is one dim), else None."""
+    element wide (or the batch is one dim), else None. They depend on the mask and the shape
+    only: computed once on the host from the mask's own tensors, kept with the mask, and copied
+    to the device (some kinds find their intervals with searches that would sync a device)."""
     m = p.structured
-    if p.attn_mask is not None or m is None or not hasattr(m, "intervals"):
+    if p.attn_mask is not None or m is None:
         return None
     if m.batch_size > 1 and len(p.dims.batch) != 1:
         return None
-    return m.intervals(p.dims.L, p.dims.S, device=p.query.device)
+    per = _INTERVALS.setdefault(m, {})
+    key = (p.dims.L, p.dims.S, str(p.query.device))
+    if key not in per:
+        iv = m.intervals(p.dims.L, p.dims.S)
+        per[key] = None if iv is None else tuple(x.to(p.query.device) for x in iv)
+    return per[key]
+
+
+#: per mask: its intervals by (L, S, device), living as long as the mask
+_INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
