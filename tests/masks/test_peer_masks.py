@@ -225,8 +225,7 @@ def test_symmetric_alibi_is_flash_non_causal(L, S, ragged):
     live = (torch.ones(B, 1, L, S, dtype=torch.bool) if qpm is None
             else qpm[:, None, :, None] & kpm[:, None, None, :])
     assert torch.equal(got.masked_fill(~live, 0), bias.expand(B, H, L, S).masked_fill(~live, 0))
-    if hasattr(attnlab.ops.problem.Problem, "score_mod"):  # the op takes modifiers
-        check_backends(q, k, v, want, backends=["math", "tiled"], mask=m, score_mod=mod)
+    check_backends(q, k, v, want, backends=["math", "tiled", "reference"], mask=m, score_mod=mod)
 
 
 @pytest.mark.parametrize("L,S", [(9, 9), (6, 13)])
@@ -238,8 +237,6 @@ def test_causal_alibi_matches_flash_output(L, S):
     q, k, v = inputs(B, H, L, S, seed=5)
     want = flash_attention_ref(q, k, v, bias=flash_alibi_bias(slopes, L, S, causal=True),
                                causal=True)
-    if not hasattr(attnlab.ops.problem.Problem, "score_mod"):
-        pytest.skip("attention has no score_mod yet")
     mod = masks.alibi(slopes, align="bottom_right")
     check_backends(q, k, v, want, backends=["math", "tiled"], mask=masks.causal("bottom_right"),
                    score_mod=mod)
