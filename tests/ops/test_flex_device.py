@@ -110,6 +110,13 @@ def test_dropout_with_a_structured_mask_is_not_sent_to_flex(pretend_cuda):
     assert c.backend == "math" and "dropout" in c.reason
 
 
+def test_float64_with_a_structured_mask_goes_to_math(pretend_cuda):
+    c = dispatch.choose(meta_problem(mask=masks.sliding_window(64), dtype=torch.float64), False)
+    assert c.backend == "math" and "float64" in c.reason
+    c = dispatch.choose(meta_problem(is_causal=True, dtype=torch.float64), False)
+    assert c.backend == "sdpa"
+
+
 def test_on_device_is_the_cuda_check():
     assert not dispatch.on_device(make_problem(*(torch.zeros(1, 1, 2, 2) for _ in range(3)),
                                                None, 0.0, False, None, False, mask=None))

@@ -102,6 +102,10 @@ def _choose_device(p: Problem, need_lse: bool) -> Choice:
     if not flex.available():
         return Choice("math" if flexible or need_lse else "sdpa",
                       "this torch has no FlexAttention")
+    if p.query.dtype not in (torch.float16, torch.bfloat16, torch.float32) and (
+            flexible or need_lse):
+        return Choice("math", f"{p.query.dtype}: FlexAttention's CUDA kernels take fp16, bf16 "
+                              "and fp32, so autograd through math")
     if p.score_mod is not None:
         return Choice("flex", "score_mod: compiled FlexAttention calls it inside the kernel")
     if p.has_modifiers:
