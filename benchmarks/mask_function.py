@@ -6,10 +6,10 @@
 masks.from_function(fn) classifies its tiles by evaluating fn on every pair once per shape
 (cached), after which the tiled kernel skips exactly the tiles the built-in sliding_window skips;
 the steady-state ratio should be ~1. The table gives both steady-state times on the tiled loop
-(median of repeats, after one warm-up call that also fills the caches; ATTNLAB_KERNEL=0 so the
-built-in is not sent to the interval kernel), their ratio, the built-in on the interval kernel
-(what backend="tiled" runs for it by default) for reference, and the one-off cost of the
-classification.
+(medians; the three are timed in turn in each repeat, after one warm-up call each that also fills
+the caches; ATTNLAB_KERNEL=0 so the built-in is not sent to the interval kernel), their ratio,
+the built-in on the interval kernel (what backend="tiled" runs for it by default) for reference,
+and the one-off cost of the classification.
 """
 
 from __future__ import annotations
@@ -38,14 +38,34 @@ class Config:
     threads: int
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up (and, for the function mask, the tile classification)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def interleaved_medians(steps: dict, repeats: int) -> dict:
+    """Median seconds of each step, the steps timed in turn within each repeat (a busy machine's
+    load then falls on all of them alike); one untimed warm-up call each first (it also fills
+    the function mask's caches)."""
+    for fn in steps.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def with_kernel(flag: str, fn):
+    """fn run with ATTNLAB_KERNEL=flag ("0": the tiled loop for every mask)."""
+    def run():
+        before = os.environ.get("ATTNLAB_KERNEL")
+        os.environ["ATTNLAB_KERNEL"] = flag
+        try:
+            fn()
+        finally:
+            if before is None:
+                os.environ.pop("ATTNLAB_KERNEL")
+            else:
+                os.environ["ATTNLAB_KERNEL"] = before
+    return run
 
 
 def run(cfg: Config) -> list[tuple]:
@@ -64,7 +84,7 @@ def run(cfg: Config) -> list[tuple]:
     builtin = masks.sliding_window(w)
     rows = []
     for mode in ("fwd", "fwd+bwd"):
-        times = {}
+        steps = {}
         for name, m, kernel in (("builtin", builtin, "0"), ("function", fn_mask, "0"),
                                 ("interval", builtin, "1")):
             xs = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
@@ -74,16 +94,9 @@ def run(cfg: Config) -> list[tuple]:
                 if mode == "fwd+bwd":
                     out.sum().backward()
 
-            before = os.environ.get("ATTNLAB_KERNEL")
-            os.environ["ATTNLAB_KERNEL"] = kernel  # "0": the tiled loop for both masks
-            try:
-                times[name] = median_time(step, cfg.repeats)
-            finally:
-                if before is None:
-                    os.environ.pop("ATTNLAB_KERNEL")
-                else:
-                    os.environ["ATTNLAB_KERNEL"] = before
-        rows.append((mode, times["builtin"], times["function"], times["interval"]))
+            steps[name] = with_kernel(kernel, step)
+        t = interleaved_medians(steps, cfg.repeats)
+        rows.append((mode, t["builtin"], t["function"], t["interval"]))
     return rows, classify
 
 
