@@ -102,8 +102,9 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
   float* l = m + BQ;                   // (BQ,) running sum
   float* alpha = l + BQ;               // (RQ,)
   const float* q = pr.q + (bh * L + i0) * D;
-  for (int r = 0; r < ng * RQ; ++r)
-    for (int d = 0; d < D; ++d) Qs[r * D + d] = r < nr ? q[r * D + d] * pr.scale : 0.0f;
+  const float scale = pr.scale;
+  for (int64_t x = 0; x < (int64_t)nr * D; ++x) Qs[x] = q[x] * scale;
+  zero_span(Qs + nr * D, (ng * RQ - nr) * D);
   zero_span(O, ng * RQ * ldv);
   std::fill(m, m + BQ, NEG_INF);
   std::fill(l, l + BQ, 0.0f);

@@ -38,12 +38,15 @@ static inline void dot_tile(const float* A, int64_t lda, const float* const* bp,
     for (int t = 0; t < NV; ++t) vstore(C + r * ldc + t * W, acc[r][t]);
 }
 
-// vectors [va, vb) of C's RQ rows, C[·][0] at key j0; kt is the chunked (S16/PAD, D, PAD) Kᵀ
+// vectors [va, vb) of C's RQ rows, C[·][0] at key j0; kt is the chunked (S16/PAD, D, PAD) Kᵀ.
+// The vectors are split into tiles as even as possible (9 -> 3 + 3 + 3, not 4 + 4 + 1): a
+// one-vector tile has too few independent accumulators to keep the FMA units busy
 static inline void dot_rows(const float* A, int64_t lda, const float* kt, int D, int j0,
                             float* C, int64_t ldc, int va, int vb) {
-  for (int v = va; v < vb; v += NVK) {
+  const int total = vb - va, tiles = (total + NVK - 1) / NVK;
+  for (int i = 0, v = va; i < tiles; ++i) {
+    const int n = (total * (i + 1)) / tiles - (total * i) / tiles;
     const float* bp[NVK];
-    const int n = std::min(NVK, vb - v);
     for (int t = 0; t < NVK; ++t) bp[t] = chunked(kt, D, j0 + (v + std::min(t, n - 1)) * W);
     float* c = C + v * W;
     switch (n) {
@@ -52,6 +55,7 @@ static inline void dot_rows(const float* A, int64_t lda, const float* kt, int D,
       case 3: dot_tile<3>(A, lda, bp, D, c, ldc); break;
       default: dot_tile<NVK>(A, lda, bp, D, c, ldc); break;
     }
+    v += n;
   }
 }
 
