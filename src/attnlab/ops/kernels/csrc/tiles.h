@@ -19,7 +19,7 @@ static inline const float* chunked(const float* base, int D, int j) {
 }
 
 // C[r][t·W..] = Σ_d A[r·lda + d] · Kᵀ[d][keys of vector t] for RQ rows, NV vectors of keys:
-// scores Q·Kᵀ (A = packed, pre-scaled Q), or dP = dO·Vᵀ
+// products Q·Kᵀ (A = packed Q), or dP = dO·Vᵀ
 template <int NV>
 static inline void dot_tile(const float* A, int64_t lda, const float* const* bp, int D, float* C,
                             int64_t ldc) {
@@ -95,17 +95,20 @@ static inline void outer_rows(float* C, int64_t ldc, const float* cs, const floa
   }
 }
 
-// What a row's scores need besides the product: the modifiers and the row's interval.
+// What a row's scores need besides the product: the scale, the modifiers, the row's position.
 struct RowMods {
   float cap, inv_cap;  // softcap (0: none)
   float slope;         // ALiBi slope of the head (0 and unused without slopes)
   bool alibi;
   int rel0;            // j - i + pos_off at j = 0: ALiBi's distance is rel0 + j
+  float scale;
 };
 
-// softcap and ALiBi on one vector of raw scores at keys j0.. ; t gets tanh(raw/cap) for the
-// softcap's gradient
+// the scale, softcap and ALiBi on one vector of products q·k at keys j0.. (ops/scores.py's order:
+// the product first, then the scale, as PyTorch's fused kernel rounds it, so an lse from here
+// fits the scores `attention_weights` recomputes); t gets tanh(s/cap) for the softcap's gradient
 static inline vf modify(vf x, const RowMods& md, int j0, vf* t) {
+  x = vmul(x, vset(md.scale));
   if (md.cap > 0) {
     vf th = vtanh(vmul(x, vset(md.inv_cap)));
     if (t) *t = th;
