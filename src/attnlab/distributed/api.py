@@ -24,7 +24,7 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
                                is_causal: bool = False, scale: float | None = None,
                                enable_gqa: bool = False, softcap: float | None = None,
                                return_lse: bool = False, dropout_p: float = 0.0,
-                               dropout_seed: int | None = None):
+                               dropout_seed: int | None = None, seq_len=None):
     """Attention over a sequence split across the ranks of `group`, exactly as on one process.
 
     Every rank passes its shard, in `layout` order (see `shard`):
@@ -49,6 +49,10 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
             Blocks with dropout run on plain PyTorch ops instead of the fused kernels.
         dropout_seed: the key of the masks, an int (None: drawn from torch's default generator
             on every rank, rank 0's draw used by all).
+        seq_len: the global sequence length, checked: an int (L = S) or a pair (L, S). Without
+            it the global length is the sum of the ranks' shard lengths, so ranks that shard
+            sequences of different lengths can pass the layout's size check and compute garbage;
+            with it they get an AttnlabError naming the ranks.
 
     A row that may attend nothing gets output 0 and lse −inf; NaN in keys or values no query may
     attend never reaches the output. Differentiable: gradients reach every rank's q, k, v (all
@@ -59,12 +63,15 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
             differ (naming the argument and the ranks).
     """
     rank, world = comm.rank_world(group)
+    call_no = comm.next_call()
     desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
-                     softcap, dropout_p, dropout_seed)
-    descs = validate.gather_descriptions(desc, group, _device(query))
+                     softcap, dropout_p, dropout_seed, seq_len)
+    with comm.during(call_no, "argument check"):
+        descs = validate.gather_descriptions(desc, group, _device(query))
     validate.check_agreement(descs)
     seed = descs[0]["drawn_seed"] if dropout_seed is None else int(dropout_seed)
     L, S = validate.check_rows(descs, layout)
+    validate.check_seq_len(seq_len, L, S, descs)
     m = cost.effective_mask(mask, is_causal)
     if m is not None:
         m.check(L, S)
@@ -73,7 +80,7 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     geom = Geometry(L, S, world, layout, m)
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc, float(dropout_p),
-             seed if dropout_p > 0 else 0)
+             seed if dropout_p > 0 else 0, call_no)
     est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
                         link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
                         latency_us=cost.DEFAULT_LATENCY_US,
@@ -95,7 +102,7 @@ def _device(x):
 
 
 def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
-              softcap, dropout_p=0.0, dropout_seed=None) -> dict:
+              softcap, dropout_p=0.0, dropout_seed=None, seq_len=None) -> dict:
     """This rank's call as plain data, with the error its own inputs raise (if any)."""
     desc: dict = {"error": None, "rows": [0, 0], "drawn_seed": None}
     try:
@@ -132,6 +139,11 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
         })
     except AttnlabError as e:
         desc["error"] = str(e)
+    try:
+        validate.seq_len_pair(seq_len)
+    except AttnlabError as e:
+        desc["error"] = desc["error"] or str(e)
+    desc.update({"seq_len": seq_len if not isinstance(seq_len, tuple) else list(seq_len)})
     desc.update({"layout": layout, "strategy": strategy, "mask": validate.fingerprint(mask)
                  if isinstance(mask, Mask) else None, "is_causal": is_causal,
                  "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap,

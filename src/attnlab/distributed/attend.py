@@ -45,6 +45,7 @@ class Call:
     acc: torch.dtype  # accumulation dtype: float64 for float64 inputs, else float32
     dropout_p: float = 0.0
     dropout_seed: int = 0  # the key of the dropout masks (see distributed.keyed)
+    call_no: int = 0  # this process's count of context-parallel calls (errors name it)
 
     @property
     def q_pieces(self) -> list[Piece]:
