@@ -86,6 +86,15 @@ def exact_cases() -> list[dict]:
         for strategy in ("ring", "allgather"):
             add(P=4, layout=layout, strategy=strategy, mask="docshard", L=37,
                 slow=layout == "zigzag")
+    # striped windows and & | ~ masks where tiles are several positions wide (PARTIAL tiles
+    # refined by the mask): exact end to end; L = 300 in the default run, 257 and 512 slow
+    for L in (257, 300, 512):
+        for P in (2, 3):
+            for mk in ("sliding", "combo", "window_or_prefix", "not_window", "window_and_doc"):
+                for strategy in ("ring", "allgather"):
+                    lay = "striped" if mk in ("sliding", "combo") or P == 2 else "zigzag"
+                    add(P=P, layout=lay, strategy=strategy, mask=mk, L=L, B=1, heads="mha1",
+                        D=16, slow=L != 300)
     for scale in (-0.5, 0.0):  # PyTorch's fused causal kernel is NaN for these alone
         for strategy in STRATEGIES:
             add(P=2, layout="zigzag", strategy=strategy, mask="causal", L=29, scale=scale)
