@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -78,14 +79,17 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
         m.check(L, S)
     B, H, _, D = query.shape
     Hkv, Dv = key.shape[1], value.shape[-1]
-    geom = Geometry(L, S, world, layout, m)
+    # the call's signature: the same one plans once (geometry and estimates are pure functions
+    # of it; the mask enters by its fingerprint, a digest of every tensor inside it)
+    sig = (L, S, world, layout, descs[0]["mask"], bool(is_causal))
+    geom = _cached(sig, lambda: Geometry(L, S, world, layout, m))
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc, float(dropout_p),
              seed if dropout_p > 0 else 0, call_no)
-    est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
-                        link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
-                        latency_us=cost.DEFAULT_LATENCY_US,
-                        per_head_mask=m is not None and m.heads > 1)
+    est = _cached((*sig, B, H, Hkv, D, Dv, str(query.dtype)), lambda: cost.estimate(
+        geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
+        link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
+        latency_us=cost.DEFAULT_LATENCY_US, per_head_mask=m is not None and m.heads > 1))
     if strategy == "auto":
         strategy = cost.choose(est).strategy
     elif not est[strategy].feasible:
@@ -96,6 +100,22 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
         fn = RingAttention if strategy == "ring" else GatherAttention
         out, lse = fn.apply(query, key, value, c)
     return (out, lse) if return_lse else out
+
+
+#: plans (geometries and estimates) of the most recent call signatures of this process
+_PLANS: OrderedDict = OrderedDict()
+PLAN_CACHE_SIZE = 64
+
+
+def _cached(key, make):
+    """make() once per key, the PLAN_CACHE_SIZE most recent kept (least recently used dropped)."""
+    if key in _PLANS:
+        _PLANS.move_to_end(key)
+        return _PLANS[key]
+    _PLANS[key] = val = make()
+    if len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return val
 
 
 def _device(x):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.masks import Mask
 from attnlab.ops import fused_cpu, nonfinite, scores, tiled
 from attnlab.ops.validate import make_problem
 
@@ -59,6 +60,10 @@ def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse, *,
     allowed: bool (Bm, Hm, Lb, Sb), True = may attend, or None (every pair of the block);
     is_causal: the block is top-left causal (query i sees keys j <= i), with allowed None.
     """
+    if isinstance(allowed, Mask):  # a structured block: the tiled backward, as one process
+        p = make_problem(q, k, v, None, 0.0, False, scale, q.shape[1] != k.shape[1],
+                         mask=allowed, softcap=softcap)
+        return tiled.backward(p, out, lse, dout, dlse)
     q, k, v = _sanitize(q, k, v, allowed)
     if _one_kernel_call(q, k, v, softcap):
         bias = None

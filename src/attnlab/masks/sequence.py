@@ -115,9 +115,17 @@ def _segments(name: str, x) -> torch.Tensor:
 
 
 def _block_ranges(seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """min and max segment id within each block [lo, hi] of every row of seg (B, N)."""
+    """min and max segment id within each block [lo, hi] of every row of seg (B, N): blocks of
+    one size tiling range(N) from 0 by a reshape, any other blocks (a context-parallel block's
+    tiles start at its offset) by gathering their positions."""
     size = int((hi[0] - lo[0]).item()) + 1 if lo.numel() else 1
     n_blocks = lo.numel()
+    if n_blocks and (int(lo[0]) != 0 or (n_blocks > 1 and int(lo[1] - lo[0]) != size)
+                     or int(hi[-1]) != seg.shape[1] - 1):
+        size = int((hi - lo).max()) + 1
+        idx = torch.minimum(lo[:, None] + torch.arange(size, device=lo.device), hi[:, None])
+        blocks = seg[:, idx]  # (B, nBlocks, size): short blocks repeat their last position
+        return blocks.amin(-1), blocks.amax(-1)
     pad = n_blocks * size - seg.shape[1]
     padded = torch.cat([seg, seg[:, -1:].expand(-1, pad)], dim=1) if pad > 0 else seg
     blocks = padded.reshape(seg.shape[0], n_blocks, size)  # (B, nBlocks, size)
