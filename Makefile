@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean chromium mutate
+.PHONY: setup kernel kernel-all demo test lint clean chromium mutate
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-demo: setup
+# the compiled interval kernel, built ahead of first use (a failed build only prints why);
+# the tests compare every ISA build this CPU runs, so `make test` builds them all
+kernel: setup
+	-$(BIN)/python -m attnlab.ops.kernels build
+
+kernel-all: setup
+	-$(BIN)/python -m attnlab.ops.kernels build --isa all
+
+demo: kernel
 	$(BIN)/attnlab explain "The cat sat on the mat because it was tired." --token it
 
 lint: setup
@@ -24,7 +32,7 @@ chromium:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
 
-test: lint chromium
+test: lint chromium kernel-all
 	$(BIN)/pytest
 
 # mutation testing, not part of `make test`: per-module kill rates (README, "Correctness").

@@ -14,7 +14,7 @@ from attnlab.errors import AttnlabError
 
 #: subcommand modules, in the order `--help` lists them
 COMMANDS = ("lesson", "explain", "train", "generate", "plot", "view", "serve", "bench",
-            "plan_cp", "heads", "rollout", "track_heads")
+            "plan_cp", "heads", "rollout", "track_heads", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

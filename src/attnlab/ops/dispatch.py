@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.ops import budget, fused_cpu, nonfinite, numpy_ref, plain, sdpa, tiled
+from attnlab.ops.kernels import runner as interval
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -42,6 +43,9 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("math", "empty input: nothing to compute")
     if _mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
+    if (p.structured is not None or p.has_modifiers or need_lse) and interval.applies(p):
+        return Choice("tiled", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
+                               f"({_isa()}) computes only each row's key interval")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
     if need_lse and not fused_cpu.applies(p):
@@ -61,6 +65,25 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     if dens > DENSE_ENOUGH:
         return Choice("sdpa", f"mask keeps {dens:.0%} of the tiles: dense mask, fused kernel")
     return Choice("tiled", f"structured mask: the tiled kernel visits {dens:.0%} of the tiles")
+
+
+def _interval_why(p: Problem, need_lse: bool) -> str:
+    if p.structured is not None:
+        return "interval-shaped mask"
+    return "softcap/ALiBi" if p.has_modifiers else "log-sum-exp requested"
+
+
+def _isa() -> str:
+    from attnlab.ops import kernels
+
+    return kernels.status().isa or "?"
+
+
+def _run_tiled(p: Problem, need_lse: bool):
+    """Backend "tiled": the interval kernel for interval-shaped calls, else the tiled loop."""
+    if interval.applies(p):
+        return interval.forward(p, need_lse)
+    return tiled.forward(p, need_lse)
 
 
 def _run_sdpa(p: Problem, need_lse: bool):
@@ -84,7 +107,7 @@ def _mask_grad(p: Problem) -> bool:
 RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
     "sdpa": _run_sdpa,
     "math": lambda p, need_lse: plain.forward(p),
-    "tiled": tiled.forward,
+    "tiled": _run_tiled,
     "reference": lambda p, need_lse: numpy_ref.forward(p),
 }
 BACKENDS = ("auto", *RUNNERS)
