@@ -75,3 +75,17 @@ def test_a_call_signature_plans_once(monkeypatch):
     cp.context_parallel_attention(q, k, v, mask=masks.document(torch.arange(64) // 21))
     cp.context_parallel_attention(q, k, v, mask=masks.document(torch.arange(64) // 20))
     assert len(made) == 3  # the ids differ: two plans; the third call reuses the first
+
+
+@pytest.mark.parametrize("q0, k0", [(150, 100), (0, 0), (250, 280)])
+def test_block_intervals_are_the_global_rows_shifted(q0, k0):
+    """An interval-shaped block reaches the interval kernel with the right per-row intervals."""
+    m = masks.sliding_window(37) & masks.document(torch.arange(300) // 70)
+    b = BlockOf(m, q0, k0, 300, 300)
+    Lb, Sb = min(100, 300 - q0), min(120, 300 - k0)
+    lo, hi = b.intervals(Lb, Sb)
+    cols = torch.arange(Sb)
+    want = b.to_dense(Lb, Sb)[0, 0]
+    got = (cols[None, :] >= lo[0, 0, :, None]) & (cols[None, :] < hi[0, 0, :, None])
+    assert torch.equal(got, want)
+    assert BlockOf(~masks.sliding_window(9), q0, k0, 300, 300).intervals(Lb, Sb) is None

@@ -8,8 +8,6 @@ skipping EMPTY tiles, no mask work on FULL ones, fused chunks) with no dense hos
 
 from __future__ import annotations
 
-import torch
-
 from attnlab.masks import Mask
 
 
@@ -35,15 +33,14 @@ class BlockOf(Mask):
     def is_top_left_causal(self) -> bool:
         return self.m.is_top_left_causal and self.q0 == self.k0
 
-    def intervals(self, Lb: int, Sb: int, device=None):
-        """Per-row key intervals of the block, from the global mask's (None where it has none)."""
-        fn = getattr(self.m, "intervals", None)
-        got = fn(self.L, self.S, device=device) if fn is not None else None
+    def _intervals(self, Lb: int, Sb: int, device=None):
+        """Per-row key intervals of the block: the global mask's rows q0 … q0 + Lb − 1, shifted
+        by k0 (clamped to the block by `Mask.intervals`); None where the global mask has none.
+        With them the single-process path runs an interval-shaped block on the interval kernel."""
+        got = self.m.intervals(self.L, self.S, device=device)
         if got is None:
             return None
-        lo, hi = (x[..., self.q0:self.q0 + Lb] - self.k0 for x in got)  # (B|1, H|1, Lb)
-        lo, hi = lo.clamp(0, Sb), hi.clamp(0, Sb)
-        return lo.to(torch.int32), hi.to(torch.int32)
+        return tuple(x[..., self.q0:self.q0 + Lb].long() - self.k0 for x in got)  # (Bm, Hm, Lb)
 
     def __repr__(self):
         return f"BlockOf({self.m!r}, q0={self.q0}, k0={self.k0})"
