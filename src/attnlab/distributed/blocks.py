@@ -27,6 +27,7 @@ import torch
 
 from attnlab.masks import Mask
 from attnlab.ops import fused_cpu, nonfinite, scores, tiled
+from attnlab.ops.kernels import runner
 from attnlab.ops.validate import make_problem
 
 
@@ -60,9 +61,17 @@ def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse, *,
     allowed: bool (Bm, Hm, Lb, Sb), True = may attend, or None (every pair of the block);
     is_causal: the block is top-left causal (query i sees keys j <= i), with allowed None.
     """
-    if isinstance(allowed, Mask):  # a structured block: the tiled backward, as one process
+    if isinstance(allowed, Mask):  # a structured block: the single-process backward
         p = make_problem(q, k, v, None, 0.0, False, scale, q.shape[1] != k.shape[1],
                          mask=allowed, softcap=softcap)
+        if runner.applies(p):  # interval-shaped: the interval kernel's backward
+            from attnlab.ops import kernels
+
+            lo, hi = runner.intervals_of(p)
+            if dlse is not None and not bool(dlse.any()):
+                dlse = None
+            return kernels.interval_backward(q, k, v, lo, hi, out, lse.float(), dout, dlse,
+                                             scale=scale, softcap=softcap)
         return tiled.backward(p, out, lse, dout, dlse)
     q, k, v = _sanitize(q, k, v, allowed)
     if _one_kernel_call(q, k, v, softcap):
