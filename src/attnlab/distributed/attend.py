@@ -60,9 +60,9 @@ class Call:
         for qi, qp in enumerate(self.q_pieces):
             for kp in k_pieces:
                 cls = g.pair_class(qp, kp)
-                if cls == PARTIAL and (qp.chunk is None or kp.chunk is None) \
-                        and self._structured_block(qp, kp):
-                    cls = _run_class(g, qp, kp)  # a received run: its class from the tiles
+                if cls == PARTIAL and self._structured_block(qp, kp) and (
+                        qp.chunk is None or kp.chunk is None or not _tiles_exact(g.mask)):
+                    cls = _run_class(g, qp, kp)  # exact, from tiles or per-row intervals
                 if cls == EMPTY:
                     continue
                 if cls != FULL and self._causal_diagonal(qp, kp):
@@ -98,7 +98,7 @@ class Call:
         exact (a PARTIAL pair has something to attend) and no dropout needs a dense keyed mask."""
         g = self.geom
         return (self.dropout_p == 0 and g.mask is not None and _run(qp) and _run(kp)
-                and _tiles_exact(g.mask))
+                and (_tiles_exact(g.mask) or g.intervals is not None))
 
     def _causal_diagonal(self, qp: Piece, kp: Piece) -> bool:
         """Under a plain causal mask, the block of a run of consecutive positions against the
@@ -260,6 +260,12 @@ def _run_class(g: Geometry, qp: Piece, kp: Piece) -> int:
     """EMPTY, PARTIAL or FULL of a block of two runs, from the mask's tile arithmetic (exact for
     masks whose tiles are exact), the same for every batch element and head only if so."""
     q0, k0 = int(qp.positions[0]), int(kp.positions[0])
+    if g.intervals is not None:  # exact for any interval-shaped mask, `&` included
+        lo, hi = (x[..., q0:q0 + qp.length].long() for x in g.intervals)  # (Bm, Hm, Lb)
+        n = (torch.clamp(hi, max=k0 + kp.length) - torch.clamp(lo, min=k0)).clamp(min=0)
+        if not bool(n.any()):
+            return EMPTY
+        return FULL if bool((n == kp.length).all()) else PARTIAL
     t = g.mask._tiles(torch.tensor([[q0]]), torch.tensor([[q0 + qp.length - 1]]),
                       torch.tensor([[k0]]), torch.tensor([[k0 + kp.length - 1]]), g.L, g.S)
     t = t.reshape(-1)

@@ -69,6 +69,13 @@ class Geometry:
             return PARTIAL
         return int(cc[qp.chunk, kp.chunk])
 
+    @cached_property
+    def intervals(self):
+        """(lo, hi) int32 (Bm, Hm, L) per-row key intervals of the mask, or None (no mask, a
+        mask that has none, or one that is not interval-shaped). O(L)."""
+        fn = getattr(self.mask, "intervals", None)
+        return None if fn is None else fn(self.L, self.S)
+
     # -- key needs: what a rank receives ---------------------------------------------------------
     @cached_property
     def key_block(self) -> int:
