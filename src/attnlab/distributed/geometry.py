@@ -197,23 +197,8 @@ class Geometry:
         return (self.need_blocks.double() @ per_block.double()).round().long()
 
     def _keys_per_block(self, nkb: int) -> torch.Tensor:
-        """int64 (nKb, P): how many keys of rank s key block b holds, by arithmetic (blocks of
-        contiguous/zigzag layouts lie inside one chunk; striped blocks hold keys of every rank)."""
-        P, bk, S = self.world, self.key_block, self.S
-        lo = torch.arange(nkb, dtype=torch.int64) * bk
-        hi = torch.clamp(lo + bk, max=S)  # (nKb,)
-        if self.layout == "striped":  # #{i in [lo, hi): i ≡ s mod P} for each s
-            s = torch.arange(P, dtype=torch.int64)
-            return (torch.div(hi[:, None] - 1 - s + P, P, rounding_mode="floor")
-                    - torch.div(lo[:, None] - 1 - s + P, P, rounding_mode="floor"))
-        c = self.k.chunk  # >= bk: a block meets at most two chunks, split at the border
-        mid = torch.clamp((lo // c + 1) * c, max=hi)  # (nKb,): the first chunk's end
-        out = torch.zeros(nkb, P, dtype=torch.int64)
-        idx = torch.arange(nkb)
-        out.index_put_((idx, self.k.owner_of(lo)), mid - lo, accumulate=True)
-        out.index_put_((idx, self.k.owner_of(torch.clamp(mid, max=S - 1))), hi - mid,
-                       accumulate=True)
-        return out
+        """int64 (nKb, P): how many keys of rank s key block b holds."""
+        return keys_per_block(self.k, self.key_block, self.S, nkb)
 
     def count_needed(self, r: int, s: int) -> int:
         return self.counts[r][s]
@@ -266,4 +251,24 @@ def _reduce_classes(t: torch.Tensor) -> torch.Tensor:
     out = torch.full(flat.shape[1:], PARTIAL, dtype=torch.int8)
     out[(flat == EMPTY).all(0)] = EMPTY
     out[(flat == FULL).all(0)] = FULL
+    return out
+
+
+def keys_per_block(k, bk: int, S: int, nkb: int) -> torch.Tensor:
+    """int64 (nKb, P): how many keys of rank s key block b of size `bk` holds under sharding `k`,
+    by arithmetic (blocks of contiguous/zigzag layouts lie inside one chunk; striped blocks hold
+    keys of every rank)."""
+    P = k.world
+    lo = torch.arange(nkb, dtype=torch.int64) * bk
+    hi = torch.clamp(lo + bk, max=S)  # (nKb,)
+    if k.layout == "striped":  # #{i in [lo, hi): i ≡ s mod P} for each s
+        s = torch.arange(P, dtype=torch.int64)
+        return (torch.div(hi[:, None] - 1 - s + P, P, rounding_mode="floor")
+                - torch.div(lo[:, None] - 1 - s + P, P, rounding_mode="floor"))
+    c = k.chunk  # >= bk: a block meets at most two chunks, split at the border
+    mid = torch.clamp((lo // c + 1) * c, max=hi)  # (nKb,): the first chunk's end
+    out = torch.zeros(nkb, P, dtype=torch.int64)
+    idx = torch.arange(nkb)
+    out.index_put_((idx, k.owner_of(lo)), mid - lo, accumulate=True)
+    out.index_put_((idx, k.owner_of(torch.clamp(mid, max=S - 1))), hi - mid, accumulate=True)
     return out
