@@ -3,6 +3,8 @@ Function, and the public functions (exported by `attnlab.ops.kernels`)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from attnlab.ops.kernels import build, gate
@@ -15,6 +17,18 @@ def _ops(isa: str | None):
         st = build.status()
         raise RuntimeError(f"the interval kernel is not available: {st.reason}")
     return ops
+
+
+#: ATTNLAB_KERNEL_BWD: "fused" (dQ added during the dK/dV pass, one item per key/value head),
+#: "split" (a separate dQ pass over query panels); unset: the kernel picks by items per thread
+BWD_MODES = {"": 0, "fused": 1, "split": 2}
+
+
+def _bwd_mode() -> int:
+    mode = os.environ.get("ATTNLAB_KERNEL_BWD", "").strip().lower()
+    if mode not in BWD_MODES:
+        raise RuntimeError(f"ATTNLAB_KERNEL_BWD: expected fused, split or unset, got {mode!r}")
+    return BWD_MODES[mode]
 
 
 def _fwd(c: Call, q, k, v, isa=None):
@@ -40,7 +54,7 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
     lse = gate.dense(lse)
     dq, dk, dv = _ops(isa).bwd(qf, gate.rows_padded(k), kt, vp, gate.keys_last(v), c.lo, c.hi,
                                c.slopes, lse, delta.contiguous(), go, c.scale, c.softcap,
-                               c.pos_off)
+                               c.pos_off, _bwd_mode())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -139,7 +139,8 @@ size_t dkdv_scratch(const Problem& pr) {
 }
 
 void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-               const float* dout, int64_t item, float* dk, float* dv, float* scratch) {
+               const float* dout, int64_t item, float* dk, float* dv, float* dqacc,
+               float* scratch) {
   const int nkp = (pr.S + KP - 1) / KP, ldk = pr.ldk, ldv = pr.ldv, D = pr.D, Dv = pr.Dv;
   const int64_t kv = item / nkp;
   const int b = (int)(kv / pr.Hkv), hk = (int)(kv % pr.Hkv), G = pr.H / pr.Hkv;
@@ -172,6 +173,12 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
         dot_rows(Qs + r0 * ldk, ldk, kt, D, kp0, Pb + r0 * KP, KP, va, vb);     // S
         dot_rows(dOs + r0 * ldv, ldv, vt, Dv, kp0, dSb + r0 * KP, KP, va, vb);  // dP
         grad_step(pr, rw, Pb + r0 * KP, dSb + r0 * KP, KP, kp0, va, vb, ga, gb, r0, slope);
+        if (dqacc) {
+          // dQ[rows] += dS[:, ga:gb] @ K[ga:gb]   (RQ, keys) @ (keys, D) -> (RQ, D)
+          float* acc = dqacc + (((int64_t)b * pr.H + h) * pn.P * BQ + rw.i0 + r0) * ldk;
+          outer_rows(acc, ldk, nullptr, dSb + r0 * KP + (ga - kp0), KP, 1,
+                     pr.k + (kv * pr.S + ga) * ldk, ldk, gb - ga, ldk);
+        }
         ka = std::min(ka, ga);
         kb = std::max(kb, gb);
       }

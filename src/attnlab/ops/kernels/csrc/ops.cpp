@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -138,7 +139,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
                                        const Tensor& v, const Tensor& vt, const Tensor& lo,
                                        const Tensor& hi, const std::optional<Tensor>& slopes,
                                        const Tensor& lse, const Tensor& delta, const Tensor& dout,
-                                       double scale, double softcap, int64_t pos_off) {
+                                       double scale, double softcap, int64_t pos_off,
+                                       int64_t mode) {
   const int64_t Dv = dout.size(3);
   Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
   expect(k, "k", 4);
@@ -175,8 +177,32 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
           kcost[((int64_t)b * pr.Hkv + h / G) * nkp + kp] += (double)pn.live[at] * w;
         }
       }
+  // mode 1 (fused): one item per (b, hk) runs its key panels in turn and adds dS @ K into a
+  // dQ accumulator its own, so S and dP are computed once (5 products, not 7); it needs enough
+  // (b, hk) items to keep the threads busy. mode 2 (split): a dQ pass after the dK/dV pass.
+  // mode 0 picks fused for one thread or at least two items per thread.
+  const int64_t T = at::get_num_threads(), nkv = (int64_t)pr.B * pr.Hkv;
+  if (mode == 1 || (mode == 0 && (T == 1 || nkv >= 2 * T))) {
+    const int64_t Lp = (int64_t)pn.P * BQ, ldk = pr.ldk;
+    Tensor acc = at::zeros({pr.B, pr.H, Lp, ldk}, q.options());  // (B, H, P·BQ, ldk)
+    float* pa = acc.data_ptr<float>();
+    std::vector<double> hcost(nkv, 0.0);
+    for (int64_t i = 0; i < (int64_t)kcost.size(); ++i) hcost[i / nkp] += kcost[i];
+    run_items(by_cost(hcost), dkdv_scratch(pr), [&](int64_t kv, float* buf) {
+      for (int kp = 0; kp < nkp; ++kp)  // a panel no row attends still writes its zeros
+        dkdv_item(pr, pn, pl, pd, pg, kv * nkp + kp, odk, odv, pa, buf);
+      const int64_t b = kv / pr.Hkv, hk = kv % pr.Hkv;
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {  // dQ = acc · scale
+        const float* a = pa + (b * pr.H + h) * Lp * ldk;
+        float* o = odq + (b * pr.H + h) * pr.L * pr.D;
+        for (int64_t i = 0; i < pr.L; ++i)
+          for (int d = 0; d < pr.D; ++d) o[i * pr.D + d] = a[i * ldk + d] * pr.scale;
+      }
+    });
+    return {dq, dk, dv};
+  }
   run_items(by_cost(kcost), dkdv_scratch(pr), [&](int64_t item, float* buf) {
-    dkdv_item(pr, pn, pl, pd, pg, item, odk, odv, buf);
+    dkdv_item(pr, pn, pl, pd, pg, item, odk, odv, nullptr, buf);
   });
   run_items(by_cost(query_costs(pr, pn)), dq_scratch(pr), [&](int64_t item, float* buf) {
     dq_item(pr, pn, pl, pd, pg, item, odq, buf);
@@ -194,6 +220,6 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "float softcap, int pos_off, int Dv) -> (Tensor, Tensor)", &fwd);
   m.def("bwd(Tensor q, Tensor k, Tensor kt, Tensor v, Tensor vt, Tensor lo, Tensor hi, "
         "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
-        "int pos_off) -> (Tensor, Tensor, Tensor)", &bwd);
+        "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
   m.def("simd_width() -> int", &simd_width);
 }
