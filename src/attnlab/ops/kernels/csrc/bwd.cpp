@@ -183,12 +183,23 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
         kb = std::max(kb, gb);
       }
       if (ka >= kb) continue;
-      const int T = rw.ng * RQ;
       for (int m = (ka - kp0) & ~(RQ - 1); m < kb - kp0; m += RQ) {
+        // only the groups whose keys reach these RQ keys: a window's or a diagonal's edge
+        // panels leave the other rows' P and dS zero
+        int g0 = rw.ng, g1 = 0;
+        for (int g = 0; g < rw.ng; ++g)
+          if (rw.glo[g] < kp0 + m + RQ && rw.ghi[g] > kp0 + m) {
+            g0 = std::min(g0, g);
+            g1 = g + 1;
+          }
+        if (g0 >= g1) continue;
+        const int t0 = g0 * RQ, T = (g1 - g0) * RQ;
         // dV[m..] += P[:, m..]ᵀ @ dO   (keys, rows) @ (rows, Dv) -> (keys, Dv)
-        outer_rows(dV + m * ldv, ldv, nullptr, Pb + m, 1, KP, dOs, ldv, T, ldv);
+        outer_rows(dV + m * ldv, ldv, nullptr, Pb + t0 * KP + m, 1, KP, dOs + t0 * ldv, ldv, T,
+                   ldv);
         // dK[m..] += dS[:, m..]ᵀ @ Q   (keys, rows) @ (rows, D) -> (keys, D); · scale at the end
-        outer_rows(dK + m * ldk, ldk, nullptr, dSb + m, 1, KP, Qs, ldk, T, ldk);
+        outer_rows(dK + m * ldk, ldk, nullptr, dSb + t0 * KP + m, 1, KP, Qs + t0 * ldk, ldk, T,
+                   ldk);
       }
     }
   }
