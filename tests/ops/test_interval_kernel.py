@@ -113,6 +113,15 @@ def test_backward_schedule_is_checked(monkeypatch):
         out.sum().backward()
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("S,n", [(1, 59), (16, 64), (33, 7)])
+def test_compiled_keys_last_is_the_gate_layout(isa, S, n):
+    from attnlab.ops.kernels import build, gate
+
+    x = torch.randn(2, 3, S, n)
+    assert torch.equal(build.get(isa).keys_last(x), gate.keys_last(x))
+
+
 @pytest.mark.parametrize("L,S", [(1, 1), (1, 300), (300, 1), (257, 257)])
 def test_lengths_at_block_edges(L, S):
     run_case(None, (1, 2, 1, L, S, 16, 24), "causal_br", 4.0, True, grad=True)

@@ -8,11 +8,17 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <atomic>
 #include <numeric>
 #include <optional>
 #include <tuple>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "interval.h"
 
@@ -82,6 +88,30 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   return pr;
 }
 
+// at::empty, with the 2 MiB-aligned inside of a large result advised to transparent huge pages
+// before anything touches it: the first touch of fresh memory costs a page fault per 4 KiB
+// (32 MiB: ~12 ms, more than a tenth of a forward at 16k); huge pages take ~2.5 ms. Advice
+// only: where the kernel ignores it nothing changes
+Tensor empty_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  Tensor t = at::empty(sizes, opts);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t HP = uintptr_t(2) << 20;
+  const size_t bytes = t.numel() * t.element_size();
+  if (bytes >= 4 * HP) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const uintptr_t a = (p + HP - 1) & ~(HP - 1), e = (p + bytes) & ~(HP - 1);
+    if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+  }
+#endif
+  return t;
+}
+
+Tensor zeros_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  Tensor t = empty_big(sizes, opts);
+  std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
+  return t;
+}
+
 // items in order of decreasing cost, so the last ones to start are short (dynamic balance)
 std::vector<int64_t> by_cost(const std::vector<double>& cost) {
   std::vector<int64_t> order(cost.size());
@@ -125,7 +155,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& 
                                const std::optional<Tensor>& slopes, double scale, double softcap,
                                int64_t pos_off, int64_t Dv) {
   const Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
-  Tensor out = at::empty({pr.B, pr.H, pr.L, pr.Dv}, q.options());
+  Tensor out = empty_big({pr.B, pr.H, pr.L, pr.Dv}, q.options());
   Tensor lse = at::empty({pr.B, pr.H, pr.L}, q.options());
   const Panels pn = make_panels(pr);
   float* o = out.data_ptr<float>();
@@ -210,6 +240,32 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
   return {dq, dk, dv};
 }
 
+// (B, Hkv, S, n) -> (B, Hkv, S16/PAD, n, PAD): Kᵀ in chunks of PAD keys, zero keys past S
+// (tiles.h: chunked). A plain loop: PyTorch's strided copy of the same runs ~6x slower.
+Tensor keys_last(const Tensor& x) {
+  expect(x, "x", 4);
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
+  const int64_t BH = x.size(0) * x.size(1), S = x.size(2), n = x.size(3);
+  const int64_t nc = (S + PAD - 1) / PAD;
+  Tensor out = empty_big({x.size(0), x.size(1), nc, n, PAD}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t c = 0; c < nc; ++c) {
+      const float* xs = src + (bh * S + c * PAD) * n;  // PAD rows of n
+      float* o = dst + (bh * nc + c) * n * PAD;        // (n, PAD)
+      const int64_t rows = std::min<int64_t>(PAD, S - c * PAD);
+      if (rows == PAD) {
+        for (int64_t d = 0; d < n; ++d)
+          for (int t = 0; t < PAD; ++t) o[d * PAD + t] = xs[t * n + d];
+      } else {
+        for (int64_t d = 0; d < n; ++d)
+          for (int t = 0; t < PAD; ++t) o[d * PAD + t] = t < rows ? xs[t * n + d] : 0.0f;
+      }
+    }
+  return out;
+}
+
 int64_t simd_width() { return lanes(); }
 
 }  // namespace
@@ -221,5 +277,6 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("bwd(Tensor q, Tensor k, Tensor kt, Tensor v, Tensor vt, Tensor lo, Tensor hi, "
         "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
         "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
+  m.def("keys_last(Tensor x) -> Tensor", &keys_last);
   m.def("simd_width() -> int", &simd_width);
 }
