@@ -1,6 +1,6 @@
 // The tensor boundary of the interval kernel: checks of the (already prepared) inputs, the outputs,
-// and ONE parallel region per pass in which each thread takes the next work item, costliest
-// first. Registered as torch ops in the namespace ATTNLAB_NS (one per ISA build).
+// and per pass one set of threads in which each takes the next work item, costliest first.
+// Registered as torch ops in the namespace ATTNLAB_NS (one per ISA build).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <cstring>
 #include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -121,21 +124,40 @@ std::vector<int64_t> by_cost(const std::vector<double>& cost) {
   return order;
 }
 
-// one parallel region: every thread pulls the next item from a shared counter until none is left,
-// so a thread the OS preempts holds up at most one item
+// one call's work items, shared with helper tasks that may start after the call has returned
+struct Queue {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t n = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+// every thread pulls the next item from a shared counter until none is left, so a thread the OS
+// preempts holds up at most one item. The caller works too and then waits only for the items
+// claimed, never for a thread: a helper the OS starts late (a busy machine) finds the queue empty
+// and returns without the caller ever waiting for it (a parallel region's join would)
 template <class F>
 void run_items(const std::vector<int64_t>& order, size_t scratch, F f) {
   const int64_t n = order.size();
-  std::atomic<int64_t> next{0};
-  auto work = [&](int64_t, int64_t) {
-    std::vector<float> buf(scratch + 16);
-    for (int64_t i; (i = next.fetch_add(1)) < n;) f(order[i], buf.data());
-  };
   const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
-  if (T <= 1)
-    work(0, 1);
-  else
-    at::parallel_for(0, T, 1, work);
+  auto qu = std::make_shared<Queue>();
+  qu->n = n;
+  // order and f are touched only for a claimed item, and the caller outlives every claimed item
+  auto pull = [qu, &order, &f, scratch]() {
+    if (qu->next.load() >= qu->n) return;
+    std::vector<float> buf(scratch + 16);
+    for (int64_t i; (i = qu->next.fetch_add(1)) < qu->n;) {
+      f(order[i], buf.data());
+      if (qu->done.fetch_add(1) + 1 == qu->n) {
+        std::lock_guard<std::mutex> g(qu->mu);
+        qu->cv.notify_all();
+      }
+    }
+  };
+  for (int64_t t = 1; t < T; ++t) at::launch(pull);
+  pull();
+  std::unique_lock<std::mutex> lk(qu->mu);
+  qu->cv.wait(lk, [&] { return qu->done.load() >= n; });
 }
 
 std::vector<double> query_costs(const Problem& pr, const Panels& pn) {
