@@ -67,12 +67,12 @@ void grad_step(const Problem& pr, const Rows& rw, float* Sb, float* dPb, int64_t
     }
     RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f, slope,
                pr.slopes != nullptr, pr.pos_off - (rw.i0 + r), pr.scale};
-    const bool full = lo <= j0 + va * W && j0 + vb * W <= hi;
     const vf l = vset(rw.lse[r]), dl = vset(rw.delta[r]);
     for (int v = va; v < vb; ++v) {
+      const int jv = j0 + v * W;
       vf t = vzero();
-      vf x = modify(vload(s + v * W), md, j0 + v * W, &t);
-      if (!full) x = vmask(x, j0 + v * W, lo, hi);
+      vf x = modify(vload(s + v * W), md, jv, &t);
+      if (jv < lo || jv + W > hi) x = vmask(x, jv, lo, hi);  // only the row's edge vectors
       vf pv = vexp(vsub(x, l));
       vf ds = vmul(pv, vsub(vload(dp + v * W), dl));
       if (md.cap > 0) ds = vmul(ds, vsub(vset(1.0f), vmul(t, t)));  // d tanh
