@@ -19,7 +19,6 @@ import os
 import pickle
 import re
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -35,14 +34,7 @@ class SpawnError(RuntimeError):
         self.rank = rank
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, out_dir, fn, args, backend, group_timeout_s, threads):
+def _worker(rank, world, store, out_dir, fn, args, backend, group_timeout_s, threads):
     import torch
 
     from attnlab.distributed import comm
@@ -50,7 +42,7 @@ def _worker(rank, world, port, out_dir, fn, args, backend, group_timeout_s, thre
     torch.set_num_threads(threads)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
-        comm.init_group(backend, timeout_s=group_timeout_s, init_method=f"tcp://127.0.0.1:{port}",
+        comm.init_group(backend, timeout_s=group_timeout_s, init_method=f"file://{store}",
                         rank=rank, world=world)
         result = {"ok": fn(rank, world, *args)}
     except BaseException:
@@ -183,8 +175,10 @@ def spawn(fn, world: int, *args, timeout_s: float = 600.0, group_timeout_s: floa
     _check(world, timeout_s, group_timeout_s, threads)
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
-            _worker, args=(world, free_port(), out_dir, fn, args, backend, group_timeout_s,
-                           threads),
+            # a file store in the call's own folder: no port to pick, so no race for one with
+            # other programs on the machine (EADDRINUSE)
+            _worker, args=(world, os.path.join(out_dir, "store"), out_dir, fn, args, backend,
+                           group_timeout_s, threads),
             nprocs=world, join=False, start_method="spawn")
         try:
             return _collect(ctx.processes, out_dir, world, timeout_s)
