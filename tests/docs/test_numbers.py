@@ -81,3 +81,10 @@ def test_tiny_preset_and_corpus_sizes():
            f"{t.model.config.block_size} chars" in read("docs/performance.md")
     kb = len(load_corpus(t.config.corpus).encode("utf-8")) / 1000
     assert f"about {round(kb, -1):.0f} kB" in read("docs/train/gpt.md")
+
+
+def test_notebook_names_the_tiny_presets_depth():
+    from attnlab.models import GPTConfig
+
+    text = (ROOT / "examples/03_tiny_gpt_causal_heads.ipynb").read_text(encoding="utf-8")
+    assert f"{GPTConfig.from_name('tiny').n_layer}-layer GPT (the `tiny` preset)" in text
