@@ -170,10 +170,9 @@ def test_model_runners_do_not_import_explain(area):
         assert not bad, (path.name, bad)
 
 
-def test_viz_reads_captures_without_importing_them():
-    """The Jupyter hooks of Trace and ModelAttention import viz when called; viz imports neither
-    back, so the hooks close no import circle."""
-    for path in (SRC / "viz").glob("*.py"):
-        bad = {m for m in _runtime_imports(path)
-               if m.startswith(("attnlab.capture", "attnlab.trace"))}
-        assert not bad, (path.name, bad)
+def test_records_know_nothing_of_drawing():
+    """Trace and ModelAttention import no viz module (viz registers their Jupyter display), so
+    no import runs back up from the records to the drawing."""
+    for name in ("capture.py", "tracing.py"):
+        bad = {m for m in _runtime_imports(SRC / name) if m.startswith("attnlab.viz")}
+        assert not bad, (name, bad)

@@ -14,7 +14,7 @@ import attnlab
 def _loaded(code: str) -> list[str]:
     """The heavy modules loaded after running `code` in a fresh interpreter."""
     probe = (f"{code}\nimport sys\n"
-             "print(sorted(m for m in ('torch', 'numpy', 'attnlab.capture', 'attnlab.trace') "
+             "print(sorted(m for m in ('torch', 'numpy', 'attnlab.capture', 'attnlab.tracing') "
              "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return eval(out.stdout.strip().splitlines()[-1])
@@ -25,10 +25,13 @@ def test_help_imports_no_torch():
     assert _loaded("import attnlab") == []
 
 
-def test_viz_imports_no_capture():
-    """The Jupyter hooks import viz when called; viz loads neither capture nor trace back."""
-    assert "attnlab.capture" not in _loaded("import attnlab.viz.notebook, attnlab.viz.page")
-    assert "attnlab.trace" not in _loaded("import attnlab.viz.notebook, attnlab.viz.page")
+def test_records_import_no_drawing():
+    """Data flows one way: the records (capture, tracing) and explain load no viz module; viz
+    registers how Jupyter shows the records."""
+    code = ("import sys, attnlab.capture, attnlab.tracing, attnlab.explain\n"
+            "print([m for m in sys.modules if m.startswith('attnlab.viz')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_lazy_names_resolve():
@@ -38,8 +41,8 @@ def test_lazy_names_resolve():
     assert masks.causal and nn.CausalSelfAttention
     assert set(attnlab.__all__) <= set(dir(attnlab))
     assert all(getattr(attnlab, name) is not None for name in attnlab.__all__)
-    importlib.import_module("attnlab.trace")  # importing the submodule keeps the function
-    assert attnlab.trace is trace and sys.modules["attnlab.trace"].trace is trace
+    importlib.import_module("attnlab.tracing")  # the module has its own name: no swap needed
+    assert attnlab.trace is trace and sys.modules["attnlab.tracing"].trace is trace
 
 
 def test_submodules_as_attributes_after_a_bare_import():
@@ -47,10 +50,10 @@ def test_submodules_as_attributes_after_a_bare_import():
 
 
 def test_section_names_match_the_lesson():
-    from attnlab.explain.lesson import SECTIONS
-    from attnlab.explain.section_names import SECTIONS as NAMES
+    from attnlab.cli.lesson import SECTION_NAMES
+    from attnlab.explain.lesson_sections import SECTIONS
 
-    assert tuple(SECTIONS) == NAMES
+    assert ", ".join(SECTIONS) == SECTION_NAMES
 
 
 def test_unknown_names_raise_attribute_error():

@@ -16,6 +16,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 @pytest.mark.parametrize("expr", [
     "attnlab.adapters.recording.record",
     "attnlab.adapters.hf.register",
+    "attnlab.explain.training.track_heads",
+    "attnlab.explain.model.load_model",
     "attnlab.reference.attention",
 ])
 def test_dotted_name_after_import_attnlab(expr):

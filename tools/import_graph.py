@@ -3,12 +3,13 @@
     python tools/import_graph.py [SRC]            # SRC defaults to src/attnlab
 
 Layers, lowest first (a module may import only its own layer or lower ones):
-errors, formats < reference, masks, ops < distributed < trace, capture < nn
+errors, formats < reference, masks, ops < distributed < tracing, capture < nn
 < models, adapters, bench < explain < viz < cli.
-Imports inside a function run on use ("lazy"); they are listed apart, and a circle is reported
-both for import-time edges alone and with the lazy ones added. Importing a.b.c runs the package
-a.b's __init__ first, so that counts as an edge too when a.b lies in another area (the root
-package `attnlab` aside: it is the facade over all of them).
+Imports inside a function run on use ("lazy"), and those under `if TYPE_CHECKING:` only for the
+type checker; both count as edges (they are listed as lazy / type-only), and a circle is reported
+both for import-time edges alone and with the lazy and type-only ones added. Importing a.b.c runs
+the package a.b's __init__ first, so that counts as an edge too when a.b lies in another area
+(the root package `attnlab` aside: it is the facade over all of them).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ LAYERS = [
     ("errors", "formats"),
     ("reference", "masks", "ops"),
     ("distributed",),
-    ("trace", "capture"),
+    ("tracing", "capture"),
     ("nn",),
     ("models", "adapters", "bench"),
     ("explain",),
@@ -49,16 +50,20 @@ def _type_checking(node: ast.If) -> bool:
 
 
 def imports(name: str, path: Path, known: set[str]):
-    """(target, lazy) for every attnlab module `name` imports."""
+    """(target, kind) for every attnlab module `name` imports; kind is "" (at import time),
+    "lazy" (inside a function) or "type-only" (under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
 
-    def visit(node, lazy: bool):
+    def visit(node, lazy: str):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _type_checking(child):
+                for part in child.body:
+                    visit(ast.Module(body=[part], type_ignores=[]), lazy or "type-only")
                 continue
-            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            inner = lazy or ("lazy" if isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else "")
             if isinstance(child, ast.Import):
                 found.extend((a.name, lazy) for a in child.names if a.name.startswith("attnlab"))
             elif isinstance(child, ast.ImportFrom):
@@ -73,7 +78,7 @@ def imports(name: str, path: Path, known: set[str]):
                     found.append((sub if sub in known else base, lazy))
             visit(child, inner)
 
-    visit(tree, False)
+    visit(tree, "")
     return [(t, lazy) for t, lazy in found if t != name]
 
 
@@ -119,13 +124,14 @@ def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
 def main(src: Path) -> None:
     mods = modules(src)
     known = set(mods)
-    eager, lazy, direct = defaultdict(set), defaultdict(set), set()
+    eager, lazy, direct, kinds = defaultdict(set), defaultdict(set), set(), {}
     for name, path in mods.items():
         eager[name]
         lazy[name]
         for target, is_lazy in imports(name, path, known):
             (lazy if is_lazy else eager)[name].add(target)
             direct.add((name, target))
+            kinds.setdefault((name, target), is_lazy)
             # importing a.b.c runs a.b's __init__ first: an edge when a.b is another area
             parts = target.split(".")
             for i in range(2, len(parts)):
@@ -134,7 +140,7 @@ def main(src: Path) -> None:
                     (lazy if is_lazy else eager)[name].add(parent)
     both = {v: eager[v] | lazy[v] for v in mods}
     print(f"modules: {len(mods)}")
-    for label, g in (("import-time", eager), ("import-time + lazy", both)):
+    for label, g in (("import-time", eager), ("import-time + lazy + type-only", both)):
         comps = sccs(g)
         print(f"\ncircles between modules ({label} edges): {len(comps)}")
         for comp in comps:
@@ -146,19 +152,20 @@ def main(src: Path) -> None:
             if area(v) != area(w):
                 areas[area(v)].add(area(w))
     comps = sccs(areas)
-    print(f"\ncircles between areas (import-time + lazy edges): {len(comps)}")
+    print(f"\ncircles between areas (import-time + lazy + type-only edges): {len(comps)}")
     for comp in comps:
         print("  " + " <-> ".join(comp))
     print("\narrows against the layer order (importer -> imported):")
     n = 0
     for v in sorted(mods):
-        for w, kind in sorted([(w, "") for w in eager[v]] + [(w, " (lazy)") for w in lazy[v]]):
+        for w, kind in sorted([(w, "") for w in eager[v]]
+                              + [(w, f" ({kinds.get((v, w)) or 'lazy'})") for w in lazy[v]]):
             a, b = area(v), area(w)
             if (v, w) in direct and a in RANK and b in RANK and RANK[b] > RANK[a]:
                 print(f"  {v} -> {w}{kind}")
                 n += 1
     print(f"  total: {n}")
-    print("\narea -> areas it imports (import-time or lazy):")
+    print("\narea -> areas it imports (import-time, lazy or type-only):")
     for a in sorted(areas, key=lambda a: (RANK.get(a, -1), a)):
         print(f"  {a:<12} -> {', '.join(sorted(areas[a], key=lambda b: (RANK.get(b, -1), b)))}")
     sizes = sorted(((len(p.read_text(encoding='utf-8').splitlines()), n) for n, p in mods.items()),

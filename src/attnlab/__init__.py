@@ -5,13 +5,14 @@
     >>> out = attnlab.attention(q, k, v, is_causal=True)  # as F.scaled_dot_product_attention
 
 The names below are imported on first use (PEP 562), so `import attnlab` and `attnlab --help`
-do not pay for torch until something needs it.
+do not pay for torch until something needs it. Inside IPython / Jupyter, importing attnlab also
+registers how a Trace and a ModelAttention are shown (HTML drawn by `attnlab.viz.notebook`): the
+records themselves know nothing of drawing.
 """
 
 import importlib as _importlib
 import importlib.util as _importlib_util
 import sys as _sys
-import types as _types
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from attnlab.errors import AttnlabError
@@ -21,13 +22,13 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it ("" = the name is that submodule)
 _LAZY = {
     "BACKENDS": "attnlab.ops",
-    "Trace": "attnlab.trace",
+    "Trace": "attnlab.tracing",
     "attention": "attnlab.ops",
     "attention_weights": "attnlab.ops",
     "masks": "",
     "nn": "",
     "select_backend": "attnlab.ops",
-    "trace": "attnlab.trace",
+    "trace": "attnlab.tracing",
 }
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 if _TYPE_CHECKING:
     from attnlab import masks, nn
     from attnlab.ops import BACKENDS, attention, attention_weights, select_backend
-    from attnlab.trace import Trace, trace
+    from attnlab.tracing import Trace, trace
 
 
 def __getattr__(name: str):
@@ -66,14 +67,12 @@ def __dir__() -> list[str]:
                   | set(__all__))
 
 
-class _Package(_types.ModuleType):
-    """Importing the submodule attnlab.trace sets the package's attribute `trace` to that module;
-    the public `attnlab.trace` is the function, so it is kept."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "trace" and isinstance(value, _types.ModuleType):
-            value = value.trace  # the submodule has run to its end when the import sets this
-        super().__setattr__(name, value)
+def _in_ipython() -> bool:
+    shell = getattr(_sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and hasattr(shell, "display_formatter")
 
 
-_sys.modules[__name__].__class__ = _Package
+if _in_ipython():  # Jupyter: the records' HTML, registered from the drawing side
+    from attnlab.viz.notebook import register as _register
+
+    _register()

@@ -7,8 +7,8 @@ one text into `ModelAttention`, which explain interprets and viz draws;
 `ModelAttention.from_attentions` builds one from the weights any model returns
 (`output_attentions=True`), without queries, keys or values.
 
-Caution: imports nothing above it; the Jupyter hook imports `attnlab.viz` when it is called, and
-viz never imports this module at run time, so no import circle runs through the hook.
+A data record that knows nothing of drawing: viz draws it, and registers how Jupyter shows it
+(`attnlab.viz.notebook`). `check_capture` validates a capture's shapes once, for every reader.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.trace import Trace, trace
+from attnlab.tracing import Trace, trace
 
 
 @dataclass
@@ -116,17 +116,12 @@ class ModelAttention:
             parts.append("with q, k, v")
         return f"ModelAttention({', '.join(parts)})"
 
-    def _repr_html_(self) -> str:
-        """Jupyter: the interactive page (head, model, step views) in a sandboxed iframe."""
-        from attnlab.viz.notebook import model_html
-
-        return model_html(self)
-
     def head_trace(self, layer: int, head: int) -> Trace:
         """Every step of one head (scores, scaled, masked, weights, output), in float64, with the
         layer's own mask, softcap and bias."""
         if self.queries is None or self.keys is None or self.values is None:
-            raise ValueError("head_trace needs queries, keys and values; this capture has none")
+            raise AttnlabError("head_trace: needs queries, keys and values; this capture has "
+                               "weights only (from_attentions)")
         return trace(self.queries[layer, head], self.keys[layer, head], self.values[layer, head],
                      mask=self.layer_mask(layer), scale=self.scale, tokens=self.tokens,
                      softcap=None if self.softcap is None else self.softcap[layer],
@@ -235,3 +230,30 @@ class ModelAttention:
         mask = np.tril(np.ones((L, S), dtype=bool)) if causal else (weights != 0).any(axis=(0, 1))
         return cls(tokens=tokens, weights=weights, mask=mask, scale=1.0, model_name=model_name,
                    causal=bool(causal), query_tokens=query_tokens)
+
+
+#: what readers of a capture use
+_FIELDS = ("tokens", "weights", "mask", "scale", "model_name", "causal", "queries", "keys",
+           "values")
+
+
+def check_capture(ma: ModelAttention) -> tuple[int, int, int, int]:
+    """Validate the shapes of a capture once, where a reader takes it; returns (layers, H, L, S).
+    Any object with ModelAttention's fields passes (duck typing, as viz's callers rely on)."""
+    if not all(hasattr(ma, name) for name in _FIELDS):
+        raise AttnlabError(f"attention: expected a ModelAttention, got {type(ma).__name__}")
+    w = np.asarray(ma.weights)
+    if w.ndim != 4:
+        raise AttnlabError(f"weights: expected (layers, H, L, S), got {fmt_shape(w.shape)}")
+    n_layers, H, L, S = w.shape
+    if min(w.shape) == 0:
+        raise AttnlabError(f"weights: expected no empty dims, got {fmt_shape(w.shape)}")
+    if len(ma.tokens) != S:
+        raise AttnlabError(f"tokens: expected {S} (one per key), got {len(ma.tokens)}")
+    query_tokens = getattr(ma, "query_tokens", None)  # a cross-attention's queries
+    if query_tokens is not None and len(query_tokens) != L:
+        raise AttnlabError(f"query_tokens: expected {L} (one per query), got {len(query_tokens)}")
+    if np.shape(ma.mask) != (L, S):
+        raise AttnlabError(f"mask: expected (L, S) = ({L}, {S}), "
+                           f"got {fmt_shape(np.shape(ma.mask))}")
+    return n_layers, H, L, S

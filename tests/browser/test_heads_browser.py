@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.explain.heads import head_stats
+from attnlab.explain.head_statistics import head_stats
 from attnlab.viz.page import write_page
 from viz.fakes import XSS, fake_capture
 

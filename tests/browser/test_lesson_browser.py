@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnlab.explain.lesson import build_lesson
+from attnlab.explain.lesson_sections import build_lesson
 from attnlab.masks import causal
-from attnlab.trace import trace
+from attnlab.tracing import trace
 from attnlab.viz.app import Models, make_server
 from attnlab.viz.lesson_page import write_lesson_page
 from browser.helpers_browser import texts
 from viz.fakes import FakeModels
 
 Q, IT = "\u201c{}\u201d", "\u201cit\u201d"
-SECTIONS = ["compare", "normalise", "scale", "borrow", "mask", "heads", "check"]
+SECTIONS = ["compare", "normalize", "scale", "borrow", "mask", "heads", "check"]
 ATOL = 1e-9
 
 
@@ -76,7 +76,7 @@ def test_loads_offline_and_every_section_renders(page):
         assert page.locator(f"#{s}").is_visible()
     assert page.locator("#compare-plane .key-arrow").count() == 3
     assert page.locator("#compare-plane .query-arrow").count() == 1
-    assert page.locator("#normalise-bars .bar-row").count() == 3
+    assert page.locator("#normalize-bars .bar-row").count() == 3
     assert page.locator("#dims-strips circle").count() == 16
     assert page.locator("#borrow-plane .share").count() == 3
     assert page.locator("#mask-grid button").count() == 16
@@ -90,17 +90,17 @@ def test_defaults_show_the_lessons_numbers(page):
         "2\u00b73 + 1\u00b71 =", "2\u00b70 + 1\u00b74 =", "2\u00b71 + 1\u00b71 ="]
     assert texts(page, "#scale-table .raw-w") == ["93.6%", "4.7%", "1.7%"]
     assert texts(page, "#scale-table .scaled-w") == ["84.8%", "10.2%", "5.0%"]
-    assert texts(page, "#normalise-bars .val") == ["125.0%", "\u221250.0%", "25.0%"]
+    assert texts(page, "#normalize-bars .val") == ["125.0%", "\u221250.0%", "25.0%"]
     assert page.inner_text("#borrow-context").endswith("= [0.873, 0.127]")
     assert texts(page, ".head-top") == [f"\u2192 {IT} borrows most from {Q.format('cat')} (98.4%)",
                                         f"\u2192 {IT} borrows most from {Q.format('mat')} (95.1%)"]
     sections = {s["name"]: s for s in build_lesson()}
     g = get(page)
     check_main(g)
-    close(g["grid"]["weights"], sections["causal"]["weights"])
+    close(g["grid"]["weights"], sections["mask"]["weights"])
     for got, want in zip(g["heads"], sections["heads"]["heads"]):
         close(got["weights"], want["weights"])
-    close(g["normalise"]["divided"], sections["divide"]["divided"])
+    close(g["normalize"]["divided"], sections["normalize"]["divided"])
 
 
 def test_dragging_the_query_recomputes_like_trace(page):
@@ -175,7 +175,7 @@ def test_random_vectors_agree_with_trace(page):
             close(g["output"], t.output)
     x = np.array(get(page)["heads"][0]["keys"])  # (8, 2) with the lesson's projections
     assert x.shape == (8, 2)
-    from attnlab.explain.lesson import EMBEDDINGS, HEAD_TOKENS
+    from attnlab.explain.lesson_sections import EMBEDDINGS, HEAD_TOKENS
 
     emb = np.array([EMBEDDINGS[t] for t in HEAD_TOKENS])  # (L, 4)
     wq, wk = rng.normal(size=(2, 2, 4, 2))
@@ -186,8 +186,8 @@ def test_random_vectors_agree_with_trace(page):
         close(g["heads"][h]["scores"], t.scores[0])
         close(g["heads"][h]["weights"], t.weights[0])
     for temperature in (0.3, 1.0, 4.2):
-        n = put(page, {"normalise": {"scores": [5.0, -2.0, 1.0, 0.5],
-                                     "temperature": temperature}})["normalise"]
+        n = put(page, {"normalize": {"scores": [5.0, -2.0, 1.0, 0.5],
+                                     "temperature": temperature}})["normalize"]
         t = trace([[1.0]], [[5.0], [-2.0], [1.0], [0.5]], np.eye(4), scale=1 / temperature)
         close(n["softmax"], t.weights[0])
     for d in (2, 64, 512):
@@ -282,8 +282,8 @@ def test_keyboard_alone_reaches_every_control(page):
     ('#compare-side input[aria-label="key of token 1, number 1"]', lambda g: g["keys"][0][0]),
     ('#compare-side input[aria-label="value of token 2, number 2"]', lambda g: g["values"][1][1]),
     ('#compare-side input[aria-label="query for it, number 2"]', lambda g: g["query"][1]),
-    ('#normalise input[aria-label="example score, number 2"]',
-     lambda g: g["normalise"]["scores"][1]),
+    ('#normalize input[aria-label="example score, number 2"]',
+     lambda g: g["normalize"]["scores"][1]),
     ('.head[data-head="0"] input[aria-label^="head who? W_q needs a referent column 1"]',
      lambda g: g["heads"][0]["w_q"][3][0]),
 ])

@@ -12,7 +12,7 @@ import matplotlib  # noqa: F401  (the viz extra, likewise)
 import pytest
 
 from attnlab.cli import main
-from attnlab.explain.head_names import STATS
+from attnlab.explain.head_statistics import STATS
 
 SENTENCE = "The cat sat on the mat because it was tired."
 

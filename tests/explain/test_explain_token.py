@@ -8,7 +8,7 @@ import pytest
 from attnlab import AttnlabError
 from attnlab.capture import ModelAttention
 from attnlab.explain.token import explain_token, find_word, positional_heads, rank_heads
-from attnlab.trace import trace
+from attnlab.tracing import trace
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "because", "it", "was", "ti", "##red", "[SEP]"]
 

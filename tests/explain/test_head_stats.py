@@ -9,7 +9,7 @@ import pytest
 
 from attnlab import AttnlabError
 from attnlab.capture import ModelAttention
-from attnlab.explain.heads import STATS, head_stats, is_punct, looks_special, text_stats
+from attnlab.explain.head_statistics import STATS, head_stats, is_punct, looks_special, text_stats
 
 
 def att(weights, tokens, mask=None, name="toy"):

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from attnlab.capture import ModelAttention
-from attnlab.explain.heads import STATS, head_stats
+from attnlab.explain.head_statistics import STATS, head_stats
 from attnlab.explain.model import default_model_path, load_model, run_model
 from attnlab.explain.probe import repeat_random
 

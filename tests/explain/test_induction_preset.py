@@ -12,10 +12,9 @@ import torch
 import attnlab.models as models
 from attnlab import AttnlabError
 from attnlab.cli import main
-from attnlab.explain.head_names import STATS
+from attnlab.explain.head_statistics import STATS
+from attnlab.explain.probe import PROBE_COVERAGE, frequent_ids
 from attnlab.explain.training import (
-    PROBE_COVERAGE,
-    frequent_ids,
     induction_summary,
     probe_ids,
     read_heads,

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from attnlab.cli import main
-from attnlab.explain import lesson
-from attnlab.explain.lesson import SECTIONS, build_lesson
+from attnlab.explain import lesson_sections as lesson
+from attnlab.explain.lesson_sections import SECTIONS, build_lesson
 
-LISTED = ["compare", "divide", "softmax", "borrow", "causal", "heads", "check"]
+LISTED = ["compare", "normalize", "scale", "borrow", "mask", "heads", "check"]
 
 
 def softmax(x):
@@ -36,7 +36,7 @@ def test_compare_writes_out_each_dot_product():
 
 
 def test_softmax_scaled_and_unscaled():
-    s = by_name()["softmax"]
+    s = by_name()["scale"]
     np.testing.assert_allclose(s["weights"], softmax([7, 4, 3]), atol=1e-12)
     np.testing.assert_allclose(s["scaled_weights"], softmax(np.array([7, 4, 3]) / np.sqrt(2)),
                                atol=1e-12)
@@ -92,16 +92,16 @@ def test_cli_full_lesson(capsys):
 def test_the_lessons_numbers():
     """The numbers the lessons (and the README) state, from the computation."""
     s = by_name()
-    assert s["divide"]["scores"] == [5.0, -2.0, 1.0] and s["divide"]["total"] == 4.0
-    assert s["divide"]["divided"] == [1.25, -0.5, 0.25] and s["divide"]["has_negative"]
-    np.testing.assert_allclose(s["divide"]["softmax"], softmax([5, -2, 1]), atol=1e-12)
-    assert round(s["softmax"]["weights"][0], 3) == 0.936
-    assert round(s["softmax"]["scaled_weights"][0], 3) == 0.848
+    assert s["normalize"]["scores"] == [5.0, -2.0, 1.0] and s["normalize"]["total"] == 4.0
+    assert s["normalize"]["divided"] == [1.25, -0.5, 0.25] and s["normalize"]["has_negative"]
+    np.testing.assert_allclose(s["normalize"]["softmax"], softmax([5, -2, 1]), atol=1e-12)
+    assert round(s["scale"]["weights"][0], 3) == 0.936
+    assert round(s["scale"]["scaled_weights"][0], 3) == 0.848
     b = s["borrow"]
     assert [round(x, 3) for x in b["context"]] == [0.873, 0.127]
     np.testing.assert_allclose(b["context"], sum(np.array(r["contribution"]) for r in b["shares"]),
                                atol=1e-12)
     np.testing.assert_allclose([r["weight"] for r in b["shares"]],
-                               s["softmax"]["scaled_weights"], atol=1e-12)
+                               s["scale"]["scaled_weights"], atol=1e-12)
     tops = {h["top_token"]: round(h["top_weight"], 3) for h in s["heads"]["heads"]}
     assert tops == {"cat": 0.984, "mat": 0.951}

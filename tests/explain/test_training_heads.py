@@ -12,7 +12,7 @@ import torch
 
 from attnlab import AttnlabError
 from attnlab.cli import main
-from attnlab.explain.head_names import STATS
+from attnlab.explain.head_statistics import STATS
 from attnlab.explain.training import copy_losses, probe_ids, read_heads, track_heads
 from attnlab.models import Trainer
 

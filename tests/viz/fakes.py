@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab.capture import ModelAttention
-from attnlab.trace import trace
+from attnlab.tracing import trace
 
 XSS = "<img src=x onerror=alert(1)>"
 

@@ -18,9 +18,8 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.errors import AttnlabError
-from attnlab.explain import lesson
-from attnlab.explain import lesson_page as explain_lesson_page
-from attnlab.viz import lesson_page
+from attnlab.explain import lesson_sections as lesson
+from attnlab.viz import lesson_page, lesson_view
 from attnlab.viz.app import Models, make_server
 from attnlab.viz.lesson_page import TRIES, lesson_csp, lesson_data, lesson_html, write_lesson_page
 from viz.fakes import FakeModels
@@ -114,7 +113,7 @@ def test_write_lesson_page(tmp_path):
 
 
 def test_jupyter_gets_a_sandboxed_iframe(tmp_path):
-    page = explain_lesson_page(height=700)
+    page = lesson_view(height=700)
     doc = page._repr_html_()
     assert doc.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in doc
     assert "height:700px" in doc and "<script" not in doc  # all of it inside the escaped srcdoc
@@ -122,7 +121,7 @@ def test_jupyter_gets_a_sandboxed_iframe(tmp_path):
     assert inner == lesson_html()
     assert page.save(tmp_path / "j.html").read_text(encoding="utf-8") == inner
     with pytest.raises(AttnlabError, match=r"^height: expected"):
-        explain_lesson_page(height="big")
+        lesson_view(height="big")
 
 
 def test_importing_explain_does_not_load_viz():

@@ -8,8 +8,8 @@ import html
 import re
 
 import attnlab.viz as viz
-from attnlab.explain import lesson_page
 from attnlab.viz.lesson_page import lesson_html
+from attnlab.viz.notebook import model_html
 from attnlab.viz.page import page_html
 from viz.fakes import XSS, fake_capture
 
@@ -31,10 +31,10 @@ def _views():
 
 def test_every_notebook_page_is_one_sandboxed_iframe_around_its_page():
     ma, head, model = _views()
-    lesson = lesson_page(height=700)
+    lesson = viz.lesson_view(height=700)
     frames = {"head": (_frame(head._repr_html_()), head.data),
               "model": (_frame(model._repr_html_()), model.data),
-              "capture": (_frame(ma._repr_html_()), page_html(ma)),
+              "capture": (_frame(model_html(ma)), page_html(ma)),
               "lesson": (_frame(lesson._repr_html_()), lesson_html())}
     for name, ((inner, sandbox, _, title), page) in frames.items():
         assert inner == page, name
@@ -51,7 +51,7 @@ def test_every_notebook_page_is_one_sandboxed_iframe_around_its_page():
 
 def test_every_notebook_page_has_data_and_save(tmp_path):
     _, head, _ = _views()
-    lesson = lesson_page()
+    lesson = viz.lesson_view()
     assert lesson.data == lesson_html() == lesson.html
     for name, page in (("head", head), ("lesson", lesson)):
         out = page.save(tmp_path / f"{name}.html")

@@ -14,6 +14,7 @@ import torch
 import attnlab.viz as viz
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
+from attnlab.viz import notebook_views
 from viz.fakes import XSS, fake_capture
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]", "it", "slept", "[SEP]"]
@@ -233,3 +234,28 @@ def test_from_attentions_builds_a_weights_only_capture():
         ModelAttention.from_attentions([torch.full((1, 1, 2, 4), 0.25)], list("abcd"))
     with pytest.raises(AttnlabError, match=r"^attentions: expected a non-empty"):
         ModelAttention.from_attentions(torch.ones(1, 1, 2, 2), ["a", "b"])
+
+
+def test_negative_indices_are_pythons_and_documented():
+    att = tuple(torch.rand(3, 1, 4, 3, 3).softmax(-1))  # (layers, batch, H, L, S)
+    page = viz.head_view(att, ["a", "b", "c"], heads=[-1], include_layers=[-1],
+                         html_action="return")
+    assert _opening(page.data) == "view=head&amp;head=3&amp;heads=3"
+    assert _payload(page.data)["layer_ids"] == [2]
+    assert "-1 is the last head or layer" in notebook_views.__doc__
+
+
+def test_a_page_too_large_is_refused_with_how_to_narrow_it():
+    n = 2100  # 4 heads x 2100 x 2100 weights, the rollout, the mask: 123 MB
+    att = (torch.rand(1, 4, n, n).softmax(-1),)  # (batch, H, L, S) per layer
+    tokens = [f"t{i}" for i in range(n)]
+    with pytest.raises(AttnlabError, match=r"^attention: 1 layers x 4 heads x 2100 x 2100 tokens "
+                       r"make a 123 MB page, above 64 MB; narrow it with include_layers=\[...\], "
+                       r"include_heads=\[...\] or fewer tokens"):
+        viz.model_view(att, tokens, html_action="return")
+    with pytest.raises(AttnlabError, match=r"narrow it with include_layers=\[...\] or fewer"):
+        viz.head_view(att, tokens, html_action="return")
+    small = viz.model_view(att, tokens, include_heads=[0], html_action="return")
+    mb = notebook_views.page_mb(notebook_views._capture(att, tokens, "attention", True))
+    assert 122 < mb < 124
+    assert 0.95 < len(small.data) / 53e6 < 1.05  # one head: 53 MB, as estimated

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnlab.cli import main
-from attnlab.explain.lesson import build_lesson
+from attnlab.explain.lesson_sections import build_lesson
 from attnlab.explain.token import explain_token
 from attnlab.viz.lesson_text import render_lesson
 from attnlab.viz.terminal import to_text, wanted
@@ -37,19 +37,19 @@ def test_lesson_is_plain_text_when_piped(capsys):
 
 def test_lesson_draws_in_a_terminal(monkeypatch, capsys):
     monkeypatch.setattr("attnlab.viz.terminal.wanted", lambda plain=False, stream=None: not plain)
-    assert main(["lesson", "--section", "softmax"]) == 0
+    assert main(["lesson", "--section", "scale"]) == 0
     out = capsys.readouterr().out
     assert "softmax after scaling by 0.707" in out and "█" in out
     assert "Weights sum to 1.000" in out  # the lesson's own text is still there
-    assert main(["lesson", "--section", "softmax", "--plain"]) == 0
-    assert capsys.readouterr().out == render_lesson(build_lesson(["softmax"]))
+    assert main(["lesson", "--section", "scale", "--plain"]) == 0
+    assert capsys.readouterr().out == render_lesson(build_lesson(["scale"]))
 
 
 def test_lesson_drawings_match_numbers():
     sections = {s["name"]: s for s in build_lesson()}
-    text = to_text(lesson_drawing(sections["softmax"]))
+    text = to_text(lesson_drawing(sections["scale"]))
     assert "93.6%" in text and "84.8%" in text
-    causal = to_text(lesson_drawing(sections["causal"]))
+    causal = to_text(lesson_drawing(sections["mask"]))
     assert causal.count("·") >= 6  # the upper triangle of 4 tokens is masked
     assert lesson_drawing(sections["compare"]) is None
     out = io.StringIO()

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.bench.case import DTYPES, MASKS, MODES, PEERS, Case, Result
+from attnlab.errors import AttnlabError
 
 __all__ = ["DTYPES", "MASKS", "MODES", "PEERS", "Case", "Result", "make_inputs", "measure",
            "measure_weights", "runner", "structured_mask"]
@@ -82,7 +83,8 @@ def runner(impl: str, case: Case, q, k, v):
         if f is None:
             return None, note
     else:
-        raise ValueError(impl)
+        raise AttnlabError(f"impl: expected attnlab, tiled or one of {', '.join(PEERS)}, "
+                           f"got {impl!r}")
     if case.mode == "fwd":
         return (lambda: f()), note
     grad = torch.ones(case.B, case.H, case.L, case.D, dtype=q.dtype) / case.L

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from attnlab.errors import AttnlabError
 
@@ -37,8 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    def one_line(message, category, *_args, **_kwargs):  # a warning is one line, like errors
+        print(f"attnlab {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return int(args._run(args) or 0)
     except AttnlabError as e:
         print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from attnlab.cli.options import add_model, check_text, open_model, run_text
+
 
 def add_parser(sub):
     p = sub.add_parser("explain", help="explain what one token borrows in a real model",
@@ -17,9 +19,7 @@ def add_parser(sub):
     p.add_argument("text", help="the text to run the model on")
     p.add_argument("--token", required=True, metavar="WORD",
                    help="the word to explain (or its token index; split words are found too)")
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="a local Hugging Face model directory or a checkpoint attnlab trained "
-                   "(default: the packaged all-MiniLM-L6-v2)")
+    add_model(p)
     p.add_argument("--target", metavar="WORD", help="show the head that borrows most from WORD")
     p.add_argument("--layer", type=int, help="show this layer (0-based; with --head)")
     p.add_argument("--head", type=int, help="show this head (0-based; with --layer)")
@@ -31,18 +31,24 @@ def add_parser(sub):
     return p
 
 
+def check_words(args) -> None:
+    """TEXT, --token and --target as UTF-8 text (checked before the model loads)."""
+    check_text("TEXT", args.text)
+    check_text("--token", args.token)
+    if getattr(args, "target", None) is not None:
+        check_text("--target", args.target)
+
+
 def run(args) -> int:
-    from attnlab.adapters.quiet import quiet_transformers
     from attnlab.errors import AttnlabError
-    from attnlab.explain.model import load_model, run_model
     from attnlab.explain.token import explain_token
     from attnlab.viz.explain_text import render_explain
 
     if args.top < 1:
         raise AttnlabError(f"--top {args.top}: expected a positive number")
-    quiet_transformers()
-    loaded = load_model(args.model)
-    att = run_model(args.text, loaded)
+    check_words(args)
+    loaded = open_model(args.model)
+    att = run_text(loaded, args.text)
     report = explain_token(att, args.token, target=args.target, layer=args.layer,
                            head=args.head, top=args.top, special=loaded.special_tokens)
     if args.json:

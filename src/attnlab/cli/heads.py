@@ -1,11 +1,11 @@
 """`attnlab heads TEXT...`: what each head of a model does, as statistics over one or more texts.
 
-For every layer and head: entropy (and normalised), mass on itself / the previous / the next
+For every layer and head: entropy (and normalized), mass on itself / the previous / the next
 token, on the first token (sink, [CLS]), on special tokens and on punctuation, the mean largest
 weight, the most common arg-max offset and its share, and the duplicate-token and induction scores;
 then a label per head. `--repeat-random N` runs the induction probe (N random tokens, then the
 same N again, seeded): its `induction` is the induction score (and `duplicate` comes from it too).
-Definitions: `attnlab.explain.heads`.
+Definitions: `attnlab.explain.head_statistics`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ import argparse
 import json
 import sys
 
-from attnlab.explain.head_names import STATS
+from attnlab.cli.options import (
+    add_model,
+    check_choice,
+    check_output,
+    check_text,
+    open_model,
+    read_lines,
+    run_text,
+)
 
 
 def add_parser(sub):
@@ -22,13 +30,11 @@ def add_parser(sub):
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to run the model on")
     p.add_argument("--file", metavar="FILE", help="more texts, one per non-empty line")
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="a local Hugging Face model directory or a checkpoint attnlab trained "
-                   "(default: the packaged all-MiniLM-L6-v2)")
+    add_model(p)
     p.add_argument("--repeat-random", type=int, metavar="N", default=None,
                    help="the induction probe: N random tokens then the same N again")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe's tokens (default 0)")
-    p.add_argument("--sort", default=None, choices=STATS, metavar="STAT",
+    p.add_argument("--sort", default=None, metavar="STAT",
                    help="sort heads by this statistic, largest first (default: max; induction "
                    "with --repeat-random)")
     p.add_argument("--top", type=int, default=None, metavar="K",
@@ -42,17 +48,11 @@ def add_parser(sub):
 
 
 def _texts(args) -> list[str]:
-    from pathlib import Path
-
     from attnlab.errors import AttnlabError
 
-    texts = [t for t in args.texts]
+    texts = [check_text("TEXT", t) for t in args.texts]
     if args.file:
-        path = Path(args.file)
-        if not path.is_file():
-            raise AttnlabError(f"--file {args.file}: no such file")
-        texts += [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
-                  if line.strip()]
+        texts += read_lines("--file", args.file)
     for t in texts:
         if not t.strip():
             raise AttnlabError(f"TEXT: expected a non-empty text, got {t!r}")
@@ -60,28 +60,26 @@ def _texts(args) -> list[str]:
 
 
 def run(args) -> int:
-    from attnlab.adapters.quiet import quiet_transformers
     from attnlab.errors import AttnlabError
-    from attnlab.explain.heads import head_stats, with_induction
-    from attnlab.explain.model import load_model, run_model
+    from attnlab.explain.head_statistics import STATS, head_stats, with_induction
     from attnlab.explain.probe import repeat_random
     from attnlab.viz.heads_report import heads_csv, render_heads
 
+    check_choice("--sort", args.sort, STATS)
     if args.top is not None and args.top < 1:
         raise AttnlabError(f"--top {args.top}: expected a positive number")
     if args.repeat_random is not None and args.repeat_random < 1:
         raise AttnlabError(f"--repeat-random {args.repeat_random}: expected a positive number")
     texts = _texts(args)
-    if args.output and not args.output.lower().endswith((".png", ".svg")):
-        raise AttnlabError(f"-o: expected a file ending in .png or .svg, got {args.output!r}")
+    if args.output:
+        check_output("-o", args.output, (".png", ".svg"))
     if not texts and args.repeat_random is None:
         raise AttnlabError("TEXT: give at least one text (or --file FILE, or --repeat-random N)")
-    quiet_transformers()
-    loaded = load_model(args.model)
+    loaded = open_model(args.model)
     special = loaded.special_tokens
     stats = probe = None
     if texts:
-        stats = head_stats([run_model(t, loaded) for t in texts], special=special)
+        stats = head_stats([run_text(loaded, t) for t in texts], special=special)
     if args.repeat_random is not None:
         probe = head_stats(repeat_random(loaded, args.repeat_random, seed=args.seed),
                            special=special)
@@ -116,6 +114,7 @@ def plot_stat(text, out, *, stat, run=None, model=None) -> str:
     """`attnlab plot --stat` (a heatmap over `text`) or `--run DIR --stat` (curves over training);
     returns the line to print."""
     from attnlab.errors import AttnlabError
+    from attnlab.explain.head_statistics import STATS
 
     if stat is None:
         raise AttnlabError(f"--stat: give the statistic to draw, one of {', '.join(STATS)}")
@@ -130,13 +129,11 @@ def plot_stat(text, out, *, stat, run=None, model=None) -> str:
         return f"wrote {out} ({stat} per head over the run in {run})"
     if text is None:
         raise AttnlabError("TEXT: give the text to run the model on (or --run DIR)")
-    from attnlab.adapters.quiet import quiet_transformers
-    from attnlab.explain.heads import head_stats
-    from attnlab.explain.model import load_model, run_model
+    from attnlab.explain.head_statistics import head_stats
     from attnlab.viz.head_figures import figure_stat, save_figure
 
-    quiet_transformers()
-    loaded = load_model(model)
-    stats = head_stats(run_model(text, loaded), special=loaded.special_tokens)
+    check_text("TEXT", text)
+    loaded = open_model(model)
+    stats = head_stats(run_text(loaded, text), special=loaded.special_tokens)
     save_figure(figure_stat(stats, stat), out)
     return f"wrote {out} ({loaded.name}, {stat} per head)"

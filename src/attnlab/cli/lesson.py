@@ -11,14 +11,18 @@ import json
 import sys
 from pathlib import Path
 
+from attnlab.cli.options import check_choice
+
+#: the lesson's steps, as `attnlab.explain.lesson_sections.SECTIONS` names them (a test holds
+#: the two together; `--help` imports no numpy)
+SECTION_NAMES = "compare, normalize, scale, borrow, mask, heads, check"
+
 
 def add_parser(sub):
-    from attnlab.explain.section_names import SECTIONS
-
     p = sub.add_parser("lesson", help="replay the attention lesson with computed numbers",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print the same content as JSON")
-    p.add_argument("--section", choices=list(SECTIONS), help="show one section only")
+    p.add_argument("--section", metavar="NAME", help="show one section only: " + SECTION_NAMES)
     p.add_argument("--plain", action="store_true",
                    help="text only, no coloured bars/heatmaps (the default when not a terminal)")
     p.add_argument("--html", action="store_true",
@@ -52,10 +56,11 @@ def _write_html(args) -> int:
 
 def run(args) -> int:
     from attnlab.errors import AttnlabError
-    from attnlab.explain.lesson import build_lesson
+    from attnlab.explain.lesson_sections import SECTIONS, build_lesson
     from attnlab.viz.lesson_text import render_lesson
     from attnlab.viz.terminal import wanted
 
+    check_choice("--section", args.section, list(SECTIONS))
     if args.html:
         return _write_html(args)
     if args.output is not None:

@@ -11,7 +11,8 @@ them).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from attnlab.cli.options import add_model, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -22,8 +23,7 @@ def add_parser(sub):
                    help="where to write the figure (.png or .svg)")
     p.add_argument("--layer", type=int, help="one layer (negative counts from the last)")
     p.add_argument("--head", type=int, help="one head of --layer")
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="a local model directory (default: the packaged all-MiniLM-L6-v2)")
+    add_model(p)
     p.add_argument("--stat", metavar="NAME", help="draw this head statistic per head instead")
     p.add_argument("--run", metavar="DIR",
                    help="with --stat: a run directory holding heads.jsonl (--track-heads)")
@@ -31,19 +31,13 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from attnlab.adapters.quiet import quiet_transformers
     from attnlab.errors import AttnlabError
-    from attnlab.explain.model import run_model
     from attnlab.viz.figures import FORMATS, save_plot
 
-    out = Path(args.output)
     # fail before the model loads (seconds) on what we can check without it
-    if out.suffix.lower() not in FORMATS:
-        raise AttnlabError(f"-o: expected a file ending in .png or .svg, got {args.output!r}")
+    out = check_output("-o", args.output, FORMATS)
     if args.head is not None and args.layer is None:
         raise AttnlabError(f"--head {args.head}: needs --layer too")
-    if not out.parent.is_dir():
-        raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
     if args.stat is not None or args.run is not None:
         from attnlab.cli.heads import plot_stat
 
@@ -51,8 +45,8 @@ def run(args) -> int:
         return 0
     if args.text is None:
         raise AttnlabError("TEXT: give the text to run the model on")
-    quiet_transformers()  # no loading progress bars around our one line of output
-    ma = run_model(args.text, args.model)
+    check_text("TEXT", args.text)
+    ma = run_text(args.model, args.text)
     save_plot(ma, out, args.layer, args.head)
     what = ("all layers and heads" if args.layer is None else
             f"layer {args.layer}, all heads" if args.head is None else

@@ -1,7 +1,7 @@
 """`attnlab rollout TEXT --token WORD`: where a token's information came from, through every layer.
 
 Attention rollout multiplies each layer's head-averaged weights, with the residual connection
-added as attention to itself (Ã = (Ā + I), rows renormalised); attention flow is the maximum flow
+added as attention to itself (Ã = (Ā + I), rows renormalized); attention flow is the maximum flow
 through the same layers seen as a graph (Abnar & Zuidema 2020). Both give, for the token, a share
 per input token that sums to 100%. `-o FILE.png|.svg` draws both as bars.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli.options import add_model, check_output, check_text, run_text
+
 
 def add_parser(sub):
     p = sub.add_parser("rollout", help="where a token's information came from (rollout, flow)",
@@ -17,9 +19,7 @@ def add_parser(sub):
     p.add_argument("text", help="the text to run the model on")
     p.add_argument("--token", required=True, metavar="WORD",
                    help="the word (or token index) to trace back")
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="a local model directory or an attnlab checkpoint (default: the "
-                   "packaged all-MiniLM-L6-v2)")
+    add_model(p)
     p.add_argument("--heads", default="mean", metavar="H[,H...]",
                    help="average these heads of every layer (default: all)")
     p.add_argument("-o", "--output", metavar="FILE", help="also draw the shares (.png or .svg)")
@@ -42,44 +42,28 @@ def _heads(spec: str):
 def run(args) -> int:
     import json
     import sys
-    from pathlib import Path
 
-    from attnlab.adapters.quiet import quiet_transformers
-    from attnlab.errors import AttnlabError
-    from attnlab.explain.attention_flow import flow, rollout
-    from attnlab.explain.model import run_model
-    from attnlab.explain.token import find_word, focus_of
-    from attnlab.formats import pct
+    from attnlab.explain.attention_flow import token_sources
+    from attnlab.viz.explain_text import render_sources
 
     heads = _heads(args.heads)
+    check_text("TEXT", args.text)
+    check_text("--token", args.token)
     if args.output:
-        out = Path(args.output)
-        if out.suffix.lower() not in (".png", ".svg"):
-            raise AttnlabError(f"-o: expected a file ending in .png or .svg, got {args.output!r}")
-        if not out.parent.is_dir():
-            raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
-    quiet_transformers()
-    att = run_model(args.text, args.model)
-    focus = focus_of(att, find_word(att.tokens, args.token))
-    r, f = rollout(att, heads), flow(att, heads)
+        check_output("-o", args.output, (".png", ".svg"))
+    att = run_text(args.model, args.text)
+    sources = token_sources(att, args.token, heads)
     if args.json:
-        json.dump({"model": att.model_name, "tokens": att.tokens, "focus": focus,
-                   "heads": heads, "rollout": r.round(6).tolist(), "flow": f.round(6).tolist()},
-                  sys.stdout, indent=1)
+        json.dump(sources.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(f'{att.model_name}: where "{att.tokens[focus]}" (token {focus}) came from, through '
-              f"{att.n_layers} layers (heads: {args.heads})")
-        print(f"  {'token':<14} {'rollout':>7} {'flow':>7}")
-        for j, tok in enumerate(att.tokens):
-            if att.causal and j > focus:
-                continue
-            print(f"  {j:>2}:{tok[:11]:<11} {pct(r[focus, j], 6)} {pct(f[focus, j], 6)}")
+        sys.stdout.write(render_sources(sources, heads_spec=args.heads))
     if args.output:
         from attnlab.viz.head_figures import figure_sources, save_figure
 
-        save_figure(figure_sources(att.tokens, focus, {"rollout": r[focus], "flow": f[focus]}),
-                    args.output)
+        save_figure(figure_sources(sources.tokens, sources.focus,
+                                   {"rollout": sources.rollout[sources.focus],
+                                    "flow": sources.flow[sources.focus]}), args.output)
         if not args.json:
             print(f"wrote {args.output}")
     return 0

@@ -42,7 +42,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from attnlab.errors import AttnlabError
-    from attnlab.explain.head_names import STATS
+    from attnlab.explain.head_statistics import STATS
     from attnlab.explain.training import induction_summary, read_heads, track_heads
 
     if args.stat not in STATS:

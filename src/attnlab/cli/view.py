@@ -8,7 +8,8 @@ token and head, with the model's numbers), and PNG/SVG export. Nothing is fetche
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from attnlab.cli.options import add_model, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -17,24 +18,16 @@ def add_parser(sub):
     p.add_argument("text", help="the text to run the model on")
     p.add_argument("-o", "--output", required=True, metavar="FILE.html",
                    help="where to write the page")
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="a local model directory (default: the packaged all-MiniLM-L6-v2)")
+    add_model(p)
     return p
 
 
 def run(args) -> int:
-    from attnlab.adapters.quiet import quiet_transformers
-    from attnlab.errors import AttnlabError
-    from attnlab.explain.model import run_model
     from attnlab.viz.page import write_page
 
-    out = Path(args.output)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise AttnlabError(f"-o: expected a file ending in .html, got {args.output!r}")
-    if not out.parent.is_dir():
-        raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
-    quiet_transformers()  # no loading progress bars around our one line of output
-    ma = run_model(args.text, args.model)
+    check_text("TEXT", args.text)
+    out = check_output("-o", args.output, (".html", ".htm"))
+    ma = run_text(args.model, args.text)
     write_page(ma, out, text=args.text)
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1024:.0f} KiB, {ma.model_name}, {ma.n_layers} layers x "

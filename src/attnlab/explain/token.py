@@ -20,7 +20,7 @@ import numpy as np
 
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
-from attnlab.trace import jsonable
+from attnlab.tracing import jsonable
 
 
 def _norm(piece: str) -> str:

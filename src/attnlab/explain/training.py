@@ -23,36 +23,25 @@ each time.
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
+from attnlab import models
 from attnlab.errors import AttnlabError
+from attnlab.explain.head_statistics import head_stats
+from attnlab.explain.probe import frequent_ids, random_tokens
 
 HEADS_FILE = "heads.jsonl"
-#: the probe draws from the characters that make up this share of the training text: a character
-#: the model has hardly seen (a digit, "&", "Q") has an untrained embedding no head can match
-PROBE_COVERAGE = 0.98
 
 
 def probe_ids(vocab_size: int, n: int, seed: int = 0, *, pool=None) -> list[int]:
     """N seeded random ids from `pool` (default: all of 0..vocab_size-1), then the same N again."""
-    from attnlab.explain.probe import random_tokens
-
     seq = random_tokens(list(range(vocab_size)) if pool is None else list(pool), n, seed)
     return seq + seq
-
-
-def frequent_ids(data, *, coverage: float = PROBE_COVERAGE, at_least: int = 1) -> list[int]:
-    """The most frequent ids of `data` (a 1-D tensor of token ids) that together make up
-    `coverage` of it, at least `at_least` of them (fewer only if fewer ids occur), most frequent
-    first."""
-    import torch
-
-    counts = torch.bincount(torch.as_tensor(data).flatten())
-    order = torch.argsort(counts, descending=True, stable=True)
-    share = torch.cumsum(counts[order], 0) / counts.sum()  # share covered by the first k + 1
-    k = int((share < coverage).sum()) + 1
-    k = min(max(k, at_least), int((counts > 0).sum()))
-    return [int(i) for i in order[:k]]
 
 
 def copy_losses(model, ids: list[int]) -> tuple[float, float]:
@@ -61,9 +50,6 @@ def copy_losses(model, ids: list[int]) -> tuple[float, float]:
     predicted from all the tokens before it. A copy's first token is left out of both: nothing
     before it says what it is. On the second copy every token came once before, followed by the
     one to predict, so an induction head makes it cheap while the first stays random."""
-    import torch
-    import torch.nn.functional as F
-
     n = len(ids) // 2
     if n < 2 or list(ids[:n]) != list(ids[n:]):
         raise AttnlabError(f"ids: expected N >= 2 tokens then the same N again, got {len(ids)} "
@@ -83,9 +69,6 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
                 path=None) -> Path:
     """Train `trainer` to its max_steps, writing head statistics on the probe every `every` steps
     (and at the start) to `path` (default: the run directory's heads.jsonl). Returns the path."""
-    from attnlab.explain.heads import head_stats
-    from attnlab.models import capture_attention
-
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise AttnlabError(f"every: expected a positive number of steps, got {every!r}")
     if isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 2:
@@ -100,7 +83,7 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
     tokens = [str(i) for i in ids]
 
     def line(loss):
-        att = capture_attention(model, ids)
+        att = models.capture_attention(model, ids)
         att.tokens = tokens
         stats = head_stats(att, special=())
         doc = stats.to_json()
@@ -112,23 +95,52 @@ def track_heads(trainer, *, every: int = 25, probe_n: int = 32, seed: int = 0,
 
     with out.open("a" if trainer.step > 0 else "w", encoding="utf-8") as f:
         if trainer.step == 0:
-            f.write(json.dumps(line(None)) + "\n")
+            write_line(f, line(None))
         while trainer.step < trainer.config.max_steps:
             before = len(trainer.history)
             trainer.run(stop_after=every)
             losses = [h["loss"] for h in trainer.history[before:]]
-            f.write(json.dumps(line(sum(losses) / len(losses))) + "\n")
-            f.flush()
+            write_line(f, line(sum(losses) / len(losses)))
     return out
 
 
+def write_line(f, doc: dict) -> None:
+    """Append `doc` as one whole JSON line and put it on disk (flush + fsync) before training
+    goes on: a kill leaves at most the line being written torn, which `read_heads` skips."""
+    f.write(json.dumps(doc) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def read_heads(run) -> list[dict]:
-    """The lines of a run's heads.jsonl (a run directory or the file itself)."""
+    """The lines of a run's heads.jsonl (a run directory or the file itself).
+
+    A torn last line (the run was killed while writing it) is skipped with a warning; a damaged
+    line before the last is an error naming its number."""
     p = Path(run)
     p = p / HEADS_FILE if p.is_dir() else p
     if not p.is_file():
         raise AttnlabError(f"run: no {HEADS_FILE} in {run} (train with head tracking first)")
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line]
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise AttnlabError(f"run: {p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    rows = text.split("\n")
+    numbered = [(k + 1, row) for k, row in enumerate(rows) if row.strip()]
+    out = []
+    for k, (number, row) in enumerate(numbered):
+        try:
+            doc = json.loads(row)
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if k == len(numbered) - 1:
+                warnings.warn(f"{p}: line {number} is torn (the run stopped while writing it); "
+                              "skipped", stacklevel=2)
+                break
+            raise AttnlabError(f"run: {p} line {number} is not a JSON object ({e})") from None
+        out.append(doc)
+    return out
 
 
 def induction_summary(lines: list[dict], *, threshold: float = 0.4) -> dict:

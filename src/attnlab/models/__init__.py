@@ -7,11 +7,11 @@ corpus, a resumable trainer, checkpoints, generation and attention capture.
     >>> tok.decode(generate(model, tok.encode("ROMEO:"), 100, seed=0))  # doctest: +SKIP
 """
 
-from attnlab.models.capture import capture_attention
 from attnlab.models.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
 from attnlab.models.config import PRESETS, GPTConfig, TrainConfig
 from attnlab.models.corpus import corpus_license, load_corpus
 from attnlab.models.gpt import GPT
+from attnlab.models.gpt_attention import capture_attention
 from attnlab.models.sampling import generate
 from attnlab.models.tokenizer import CharTokenizer, tokenizer_from_spec
 from attnlab.models.trainer import Trainer, lr_at

@@ -1,30 +1,41 @@
-"""Drawing what explain computes.
+"""Drawing the records explain computes; nothing here computes what it shows.
 
-- `terminal` / `terminal_reports`: rich bars and heatmaps for `attnlab explain` and `lesson`
-  (`lesson_text`: the lesson as plain text);
-- `figures`: matplotlib PNG/SVG of one head, a layer's heads, or the whole model (`attnlab plot`);
-- `page`: one self-contained, offline HTML page with head, model and step views (`attnlab view`);
-- `app`: the local web app serving the same page (`attnlab serve`);
-- `notebook`: the `_repr_html_` of Trace and ModelAttention;
-- `head_view` / `model_view` / `save`: bertviz's calls on any model's attentions (they live in
-  `attnlab.notebook_views`, which builds the ModelAttention that viz draws).
+- `terminal` / `terminal_reports` / `explain_text` / `lesson_text` / `heads_report`: the terminal
+  text, bars and heatmaps of `attnlab explain`, `lesson`, `heads` and `rollout`;
+- `figures` / `head_figures`: matplotlib PNG/SVG of one head, a layer's heads, the whole model,
+  head statistics and their curves over training (`attnlab plot`);
+- `payload` / `page` / `html_doc`: the self-contained, offline HTML page of a `PagePayload`
+  (`attnlab view`); `lesson_page`: the explorable lesson page; `app`: the local web app;
+- `notebook`: how Jupyter shows a Trace and a ModelAttention (registered in IPython's display
+  formatters); `notebook_views`: bertviz's `head_view` / `model_view` / `save` on attnlab's page,
+  and `lesson_view`, the explorable lesson in a notebook.
 
-Each module imports its optional dependency (rich, matplotlib) inside the functions that need it.
+Each module imports its optional dependency (rich, matplotlib, IPython) inside the functions that
+need it. The names below load their module on first use: `attnlab --help` builds parsers that read
+constants of viz modules, and must not pay for torch through this package.
 """
 
-import importlib as _importlib
+from typing import TYPE_CHECKING
 
-_LAZY = {"plot": "figures", "save_plot": "figures", "page_html": "page", "write_page": "page",
-         "head_view": "attnlab.notebook_views", "model_view": "attnlab.notebook_views",
-         "save": "attnlab.notebook_views"}
-__all__ = ["head_view", "model_view", "page_html", "plot", "save", "save_plot", "write_page"]
+if TYPE_CHECKING:
+    from attnlab.viz.figures import plot, save_plot
+    from attnlab.viz.notebook_views import head_view, lesson_view, model_view, save
+    from attnlab.viz.page import page_html, write_page
+
+__all__ = ["head_view", "lesson_view", "model_view", "page_html", "plot", "save", "save_plot",
+           "write_page"]
 
 
-def __getattr__(name: str):  # imported on first use: `attnlab.viz.x` stays cheap to import
-    if name not in _LAZY:
+def __getattr__(name: str):
+    if name in ("head_view", "lesson_view", "model_view", "save"):
+        from attnlab.viz import notebook_views as module
+    elif name in ("plot", "save_plot"):
+        from attnlab.viz import figures as module
+    elif name in ("page_html", "write_page"):
+        from attnlab.viz import page as module
+    else:
         raise AttributeError(f"module 'attnlab.viz' has no attribute {name!r}")
-    module = _LAZY[name] if "." in _LAZY[name] else f"attnlab.viz.{_LAZY[name]}"
-    return getattr(_importlib.import_module(module), name)
+    return getattr(module, name)
 
 
 def __dir__() -> list[str]:

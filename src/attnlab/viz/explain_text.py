@@ -63,3 +63,16 @@ def _detail(r: dict, word: str) -> list[str]:
         lines.append(f'  {c["token"]:<12} weight {pct(c["weight"])}  |w*v| {c["norm"]:7.3f}  '
                      f'share {pct(c["share"])}')
     return lines
+
+
+def render_sources(s, heads_spec: str = "mean") -> str:
+    """`attnlab rollout` as plain text, from `attnlab.explain.attention_flow.TokenSources`."""
+    f = s.focus
+    out = [f'{s.model}: where "{s.tokens[f]}" (token {f}) came from, through {s.n_layers} '
+           f"layers (heads: {heads_spec})",
+           f"  {'token':<14} {'rollout':>7} {'flow':>7}"]
+    for j, tok in enumerate(s.tokens):
+        if s.causal and j > f:
+            continue
+        out.append(f"  {j:>2}:{tok[:11]:<11} {pct(s.rollout[f, j], 6)} {pct(s.flow[f, j], 6)}")
+    return "\n".join(out) + "\n"

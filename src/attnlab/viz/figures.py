@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnlab.capture import ModelAttention, check_capture
 from attnlab.errors import AttnlabError
-from attnlab.viz.checks import check_capture, check_index
-
-if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
-    from attnlab.capture import ModelAttention
+from attnlab.viz.checks import check_index
 
 MASKED = "#d4d4d4"
 HATCH = "#8f8f8f"

@@ -8,7 +8,7 @@ import io
 import math
 import textwrap
 
-from attnlab.explain.heads import INDUCTION_MIN_ROWS, LABEL_RULES, STATS
+from attnlab.explain.head_statistics import STATS, rules_text
 
 #: column titles (6 characters a column: the table is 101 columns wide)
 _SHORT = {"entropy": "ent", "entropy_norm": "entN", "self": "self", "prev": "prev",
@@ -34,16 +34,6 @@ def _cell(name: str, v: float) -> str:
     if name == "offset":
         return f"{int(v):>+6d}"
     return f"{v:6.2f}"
-
-
-def rules_text() -> str:
-    """The label rules with their thresholds, one line."""
-    parts = []
-    for label, stat, t in LABEL_RULES:
-        extra = f" (over >= {INDUCTION_MIN_ROWS} rows)" if label == "induction" else ""
-        what = "special after position 0" if stat == "special_rest" else stat
-        parts.append(f"{label}: {what} >= {t}{extra}")
-    return "; ".join(parts)
 
 
 def render_heads(stats, *, sort: str = "max", top: int | None = None,

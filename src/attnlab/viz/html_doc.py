@@ -19,6 +19,8 @@ import re
 from functools import cache
 from importlib import resources
 
+from attnlab.errors import AttnlabError
+
 _DOCUMENT = """<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -71,11 +73,11 @@ def document(*, title: str, css: str, js: str, body: str, attrs: dict[str, str] 
     application/json block the script reads; css and js inlined as they are (our assets)."""
     for name, text, end in (("css", css, "</style"), ("js", js, "</script")):
         if end in text.lower():
-            raise ValueError(f"{name}: an inline asset may not contain {end!r}")
+            raise AttnlabError(f"{name}: an inline asset may not contain {end!r}")
     attr_text = ""
     for k, v in (attrs or {}).items():
         if not re.fullmatch(r"[a-z][a-z0-9-]*", k):
-            raise ValueError(f"attrs: not an attribute name: {k!r}")
+            raise AttnlabError(f"attrs: expected an attribute name, got {k!r}")
         attr_text += f' {k}="{html.escape(str(v), quote=True)}"'
     block = ""
     if data is not None:

@@ -1,9 +1,9 @@
 """The lesson as one explorable, offline HTML page: the worked example with every number live.
 
-Seven sections in the lessons' order (compare, normalise, scale, borrow, mask, heads, check
-yourself). The starting numbers come from `attnlab.explain.lesson`, so the page opens on exactly
-what `attnlab lesson` prints; from there the page's script recomputes attention in float64 as the
-reader drags and types (the browser tests hold it to `attnlab.trace` within 1e-9).
+Seven sections in the lessons' order (compare, normalize, scale, borrow, mask, heads, check
+yourself). The starting numbers come from `attnlab.explain.lesson_sections`, so the page opens on
+exactly what `attnlab lesson` prints; from there the page's script recomputes attention in float64
+as the reader drags and types (the browser tests hold it to `attnlab.trace` within 1e-9).
 
 Same rules as the view page (`attnlab.viz.page`): script, style and data inline, a
 Content-Security-Policy that allows only the script's SHA-256 and no requests at all
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.errors import AttnlabError
-from attnlab.explain.lesson import CAUSAL_TOKENS, build_lesson
+from attnlab.explain.lesson_sections import CAUSAL_TOKENS, build_lesson
 from attnlab.viz.html_doc import asset, document, policy
 from attnlab.viz.iframe import NotebookPage
 
@@ -84,7 +84,7 @@ TRIES = {
         "choices": ["positive and sum to 1, bigger scores getting more",
                     "the scores divided by their total", "all equal"],
         "task": "tried_softmax",
-        "task_text": "In Normalise, switch the example (5, \u22122, 1) to softmax.",
+        "task_text": "In Normalize, switch the example (5, \u22122, 1) to softmax.",
     },
     "What gets mixed to create the context vector?": {
         "try": "The weighted sum is taken over\u2026",
@@ -102,7 +102,7 @@ TRIES = {
 
 def _grid() -> dict:
     """The causal section's vectors: one shared query, keys rising along the sentence (as in
-    `attnlab.explain.lesson.section_causal`), one-hot values."""
+    `attnlab.explain.lesson_sections.section_mask`), one-hot values."""
     n = len(CAUSAL_TOKENS)
     return {"tokens": list(CAUSAL_TOKENS), "queries": np.ones((n, 1)).tolist(),
             "keys": np.linspace(0.0, 1.5, n)[:, None].tolist(), "values": np.eye(n).tolist()}
@@ -121,7 +121,8 @@ def _questions(check: dict) -> list[dict]:
 
 
 def lesson_data() -> dict:
-    """The page's starting numbers and texts, all from `attnlab.explain.lesson` (JSON-ready)."""
+    """The page's starting numbers and texts, all from `attnlab.explain.lesson_sections`
+    (JSON-ready)."""
     s = {x["name"]: x for x in build_lesson()}
     cmp_, borrow, heads = s["compare"], s["borrow"], s["heads"]
     return {
@@ -130,7 +131,7 @@ def lesson_data() -> dict:
         "tokens": [r["token"] for r in cmp_["rows"]], "keys": [r["key"] for r in cmp_["rows"]],
         "values": [sh["value"] for sh in borrow["shares"]],
         "value_meaning": borrow["value_meaning"],
-        "negative_scores": s["divide"]["scores"],
+        "negative_scores": s["normalize"]["scores"],
         "grid": _grid(),
         "heads": {"tokens": heads["tokens"], "features": heads["features"],
                   "embeddings": heads["embeddings"], "query_token": heads["query_token"],
@@ -171,3 +172,4 @@ class LessonPage(NotebookPage):
     @property
     def html(self) -> str:
         return self.data
+

@@ -1,4 +1,4 @@
-"""The lesson as plain terminal text, from the data `attnlab.explain.lesson` computes."""
+"""The lesson as plain terminal text, from the data `attnlab.explain.lesson_sections` computes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _compare(s) -> list[str]:
     return lines
 
 
-def _divide(s) -> list[str]:
+def _normalize(s) -> list[str]:
     lines = [f'scores {vec(s["scores"])}, total {s["total"]:g}']
     lines.append("  divided by the total: " + ", ".join(pct(x) for x in s["divided"]))
     lines.append("  softmax instead:      " + ", ".join(pct(x) for x in s["softmax"]))
@@ -22,7 +22,7 @@ def _divide(s) -> list[str]:
     return lines
 
 
-def _softmax(s) -> list[str]:
+def _scale(s) -> list[str]:
     lines = ["token      score  weight   | scaled score  weight"]
     for tok, a, w, b, w2 in zip(s["tokens"], s["scores"], s["weights"], s["scaled_scores"],
                                 s["scaled_weights"]):
@@ -41,7 +41,7 @@ def _borrow(s) -> list[str]:
     return lines
 
 
-def _causal(s) -> list[str]:
+def _mask(s) -> list[str]:
     toks = s["tokens"]
     lines = ["current token | allowed to look at"]
     for tok, seen in zip(toks, s["sees"]):
@@ -84,8 +84,8 @@ def _check(s) -> list[str]:
     return lines
 
 
-RENDERERS = {"compare": _compare, "divide": _divide, "softmax": _softmax, "borrow": _borrow,
-             "causal": _causal, "heads": _heads, "check": _check}
+RENDERERS = {"compare": _compare, "normalize": _normalize, "scale": _scale, "borrow": _borrow,
+             "mask": _mask, "heads": _heads, "check": _check}
 
 
 def render_lesson(sections: list[dict]) -> str:

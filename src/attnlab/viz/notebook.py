@@ -1,5 +1,6 @@
-"""HTML for Jupyter: `Trace._repr_html_` (weights as a coloured table) and
-`ModelAttention._repr_html_` (the interactive page in a sandboxed iframe).
+"""How Jupyter shows attnlab's records: a Trace as its weights in a coloured table, a
+ModelAttention as the interactive page in a sandboxed iframe. `register()` adds both to IPython's
+HTML display formatter (`import attnlab` calls it inside IPython); the records know nothing of it.
 
 Every token goes through html.escape; the iframe runs the page's script without the notebook's
 origin (sandbox without allow-same-origin), so the page can neither read nor break the notebook.
@@ -11,6 +12,10 @@ import html
 
 import numpy as np
 
+from attnlab.capture import ModelAttention
+from attnlab.tracing import Trace
+from attnlab.viz.iframe import ViewPage
+from attnlab.viz.page import page_html
 from attnlab.viz.terminal import color
 
 MAX_TABLES = 4   # heads shown for a batched trace
@@ -39,7 +44,7 @@ def _table(w: np.ndarray, ok: np.ndarray, rows: list[str], cols: list[str], capt
             f"<tr><th></th>{head}</tr>{body}</table>{more}")
 
 
-def trace_html(t) -> str:
+def trace_html(t: Trace) -> str:
     """The trace's weights, query rows x key columns, one table per leading index (first 4)."""
     w = np.asarray(t.weights, dtype=float)
     L, S = w.shape[-2:]
@@ -58,9 +63,21 @@ def trace_html(t) -> str:
     return "".join(parts) + "</div>"
 
 
-def model_html(ma, height: int = 640) -> str:
+def model_html(ma: ModelAttention, height: int = 640) -> str:
     """The self-contained page for `ma` inside a sandboxed iframe (srcdoc, escaped)."""
-    from attnlab.viz.iframe import ViewPage
-    from attnlab.viz.page import page_html
-
     return ViewPage(page_html(ma), height)._repr_html_()
+
+
+def register(formatter=None) -> bool:
+    """Show Trace and ModelAttention as HTML: `formatter` is an IPython HTML formatter (default:
+    the running shell's). Returns False outside IPython."""
+    if formatter is None:
+        from IPython import get_ipython  # optional: only a notebook has it
+
+        shell = get_ipython()
+        if shell is None:
+            return False
+        formatter = shell.display_formatter.formatters["text/html"]
+    formatter.for_type(Trace, trace_html)
+    formatter.for_type(ModelAttention, model_html)
+    return True

@@ -9,14 +9,11 @@ request, and any script an injected token might smuggle in. The web app serves t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
 from attnlab.viz.html_doc import asset, document, fill, policy
 from attnlab.viz.payload import payload
-
-if TYPE_CHECKING:  # the type only: viz imports no capture module at run time
-    from attnlab.capture import ModelAttention
 
 _APP_FORM = """<form id="ask" autocomplete="off">
 <input type="text" id="text" aria-label="sentence"

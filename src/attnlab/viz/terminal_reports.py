@@ -31,14 +31,14 @@ def lesson_drawing(section: dict):
     """A drawing for the lesson sections that have weights to draw, else None."""
     Group = _rich()[0]
     name = section["name"]
-    if name == "softmax":
+    if name == "scale":
         return Group(bars(section["weights"], section["tokens"], title="softmax, unscaled"),
                      bars(section["scaled_weights"], section["tokens"],
                           title=f"softmax after scaling by {section['scale']:.3f}"))
     if name == "borrow":
         return bars([s["weight"] for s in section["shares"]],
                     [s["token"] for s in section["shares"]], title="how much of each value")
-    if name == "causal":
+    if name == "mask":
         return heatmap(np.asarray(section["weights"]), section["tokens"], section["tokens"],
                        mask=np.asarray(section["allowed"], dtype=bool),
                        title="causal weights: rows may only look left")

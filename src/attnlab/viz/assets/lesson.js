@@ -557,7 +557,7 @@
     $("add-token").focus();
   }
 
-  // ---------------------------------------------------------------- 2. normalise
+  // ---------------------------------------------------------------- 2. normalize
   function bars(parent, labels, values, opts) {
     var lo = Math.min(0, Math.min.apply(null, values.filter(isFinite)));
     var hi = Math.max(opts.max || 1, Math.max.apply(null, values.filter(isFinite)));
@@ -577,13 +577,13 @@
     parent.appendChild(box);
     return box;
   }
-  function buildNormalise() {
-    var body = clear($("normalise-body")), n = st.norm;
+  function buildNormalize() {
+    var body = clear($("normalize-body")), n = st.norm;
     var src = add(h("div", { "class": "controls" }), h("span", {}, "Scores:"));
     var bEx = toggle("the lesson's example", n.source === "example", function () {
-      n.source = "example"; buildNormalise(); update(); });
+      n.source = "example"; buildNormalize(); update(); });
     var bCmp = toggle("the scores from Compare", n.source === "compare", function () {
-      n.source = "compare"; buildNormalise(); update(); });
+      n.source = "compare"; buildNormalize(); update(); });
     add(src, bEx, bCmp);
     if (n.source === "example") {
       add(src, add(h("span", {}), "(", vectorFields("example score", n.scores), ")"));
@@ -606,12 +606,12 @@
     var temp = add(h("div", { "class": "controls" }),
                    add(h("label", { "for": "temperature" }, "softmax temperature T "), slider),
                    live.tempLabel);
-    live.normBars = h("div", { id: "normalise-bars" });
-    live.normNote = h("p", { "class": "big", id: "normalise-note" });
-    live.normOther = h("p", { "class": "note", id: "normalise-other" });
+    live.normBars = h("div", { id: "normalize-bars" });
+    live.normNote = h("p", { "class": "big", id: "normalize-note" });
+    live.normOther = h("p", { "class": "note", id: "normalize-other" });
     add(body, src, mode, temp, live.normBars, live.normNote, live.normOther);
   }
-  function updateNormalise() {
+  function updateNormalize() {
     var n = st.norm, r = normWeights(n), labels;
     labels = n.source === "compare" ? st.tokens : r.scores.map(function (s) { return "score " + fmt(s); });
     live.modeButtons.forEach(function (b) {
@@ -984,7 +984,7 @@
   function update() {
     var row = mainRow();
     updateCompare(row);
-    updateNormalise();
+    updateNormalize();
     updateScale();
     updateBorrow(row);
     updateMask();
@@ -995,7 +995,7 @@
   }
   function rebuild() {
     buildCompare();
-    buildNormalise();
+    buildNormalize();
     buildScale();
     buildBorrow();
     buildMask();
@@ -1057,18 +1057,18 @@
                  w_k: x.w_k ? matrix("heads.w_k", x.w_k, 4, 2) : hd.w_k };
       });
     }
-    if (p.normalise) {
-      var N = p.normalise;
-      if ("scores" in N) vector("normalise.scores", N.scores);
+    if (p.normalize) {
+      var N = p.normalize;
+      if ("scores" in N) vector("normalize.scores", N.scores);
       if ("temperature" in N && !(N.temperature > 0 && isFinite(N.temperature))) {
-        throw new Error("attnlabLesson.set: normalise.temperature: expected a positive number");
+        throw new Error("attnlabLesson.set: normalize.temperature: expected a positive number");
       }
     }
     if (p.dims && "d" in p.dims && !(p.dims.d >= 2 && p.dims.d <= 512 && p.dims.d % 1 === 0)) {
       throw new Error("attnlabLesson.set: dims.d: expected an integer 2 \u2026 512");
     }
     var structural = "query" in p || "keys" in p || "values" in p || "tokens" in p || p.grid ||
-      p.heads || (p.normalise && "scores" in p.normalise);
+      p.heads || (p.normalize && "scores" in p.normalize);
     st.query = q.slice();
     st.keys = copy(K);
     st.values = copy(V);
@@ -1076,9 +1076,9 @@
     st.grid = copy(grid);
     st.heads = copy(heads);
     if ("scaled" in p) st.scaled = !!p.scaled;
-    if (p.normalise) {
-      ["source", "mode", "temperature"].forEach(function (k) { if (k in p.normalise) st.norm[k] = p.normalise[k]; });
-      if ("scores" in p.normalise) st.norm.scores = p.normalise.scores.slice();
+    if (p.normalize) {
+      ["source", "mode", "temperature"].forEach(function (k) { if (k in p.normalize) st.norm[k] = p.normalize[k]; });
+      if ("scores" in p.normalize) st.norm.scores = p.normalize.scores.slice();
     }
     if (p.dims) {
       if ("d" in p.dims) st.dims.d = p.dims.d;
@@ -1086,7 +1086,7 @@
     }
     st.focus = null;
     if (structural) rebuild();
-    else { buildNormalise(); update(); }
+    else { buildNormalize(); update(); }
     return get();
   }
   function get() {
@@ -1095,7 +1095,7 @@
       query: st.query, keys: st.keys, values: st.values, tokens: st.tokens,
       scaled: st.scaled, scale: mainScale(), scores: row.scores, scaled_scores: row.scaled,
       weights: row.weights, output: row.output,
-      normalise: { source: st.norm.source, mode: st.norm.mode, temperature: st.norm.temperature,
+      normalize: { source: st.norm.source, mode: st.norm.mode, temperature: st.norm.temperature,
                    scores: n.scores, divided: n.divided, softmax: n.softmax },
       dims: dims(),
       grid: (function () {

@@ -1,5 +1,6 @@
 """bertviz's calls on attnlab's page: `head_view` / `model_view` of the attentions any model
-returns (`output_attentions=True`) or of a ModelAttention, and `save`.
+returns (`output_attentions=True`) or of a ModelAttention, and `save`; and `lesson_view`, the
+explorable lesson for Jupyter.
 
 Same arguments and meaning as bertviz's functions of those names; what opens is attnlab's
 self-contained, offline page (head, model, step and heads views). Weights alone give every view
@@ -8,23 +9,33 @@ view says so. As in bertviz, the page's "attention" list chooses between an enco
 model's encoder, decoder and cross attention (decoder tokens query, encoder tokens are the keys),
 or, with `sentence_b_start`, narrows the drawing to "Sentence A → Sentence B" and the like.
 `include_layers` / `include_heads` keep those layers and heads (labelled with the model's
-numbers); `display_mode` "dark" or "light" colours the page.
-Exported as `attnlab.viz.head_view` etc.; kept outside viz because it builds ModelAttention
-(viz draws captures and never imports capture).
+numbers); `display_mode` "dark" or "light" colours the page. Indices (`layer`, `heads`,
+`include_layers`, `include_heads`) are Python's: -1 is the last head or layer.
+Caution: a page carries every number it draws (about 5.3 bytes each): one above
+MAX_PAGE_MB is refused with its size and how to narrow it (`include_layers`, `include_heads`,
+fewer tokens); a 3,000-token text is 48 MB per head.
+Exported as `attnlab.viz.head_view` etc.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
 from attnlab.viz.checks import check_index
 from attnlab.viz.iframe import NotebookPage, ViewPage
+from attnlab.viz.lesson_page import LessonPage
+from attnlab.viz.page import page_html
+from attnlab.viz.payload import document, payload
 
+#: the largest page head_view / model_view write (a browser slows down well before)
+MAX_PAGE_MB = 64
 _PRETTY = {"Ġ": " ", "▁": " ", "Ċ": "\\n", "</w>": ""}
 
 
@@ -51,8 +62,6 @@ def _capture(attention, tokens, name: str, prettify: bool, query_tokens=None,
     """`attention` (per-layer tensors or a ModelAttention) as a ModelAttention; with
     `query_tokens`, a cross-attention (queries from another text than the keys). Errors name
     the caller's arguments (`tokens_name`, `query_name`)."""
-    from attnlab.capture import ModelAttention
-
     if isinstance(attention, ModelAttention):
         if tokens is not None and [str(t) for t in tokens] != attention.tokens:
             raise AttnlabError(f"{tokens_name}: expected the capture's {len(attention.tokens)} "
@@ -94,8 +103,6 @@ def _none_if_empty(ids):
 
 def _select(ma, layers: list[int] | None, heads: list[int] | None):
     """The capture narrowed to those layers and heads, in that order."""
-    from dataclasses import replace
-
     if layers is None and heads is None:
         return ma
     layers = list(range(ma.n_layers)) if layers is None else layers
@@ -108,6 +115,29 @@ def _select(ma, layers: list[int] | None, heads: list[int] | None):
                    keys=per_head(ma.keys), values=per_head(ma.values), bias=per_head(ma.bias),
                    layer_masks=None if ma.layer_masks is None else ma.layer_masks[layers],
                    softcap=None if ma.softcap is None else [ma.softcap[i] for i in layers])
+
+
+def page_mb(ma) -> float:
+    """The size of `ma`'s numbers on a page, in MB: weights, rollout, q/k/v and bias as base64
+    float32 (16/3 bytes a number), masks as base64 bytes."""
+    layers, H, L, S = np.shape(ma.weights)
+    numbers = layers * H * L * S + (L * S if L == S else 0)
+    for a in (ma.queries, ma.keys, ma.values, ma.bias):
+        numbers += 0 if a is None else int(np.prod(np.shape(a)))
+    masks = L * S * (1 + (0 if ma.layer_masks is None else layers))
+    return (numbers * 16 / 3 + masks * 4 / 3) / 1e6
+
+
+def _check_size(ma, name: str, view: str) -> None:
+    mb = page_mb(ma)
+    if mb > MAX_PAGE_MB:
+        layers, H, L, S = np.shape(ma.weights)
+        what = f"{name.lower()}_attention" if name else "attention"
+        narrow = "include_layers=[...]" + (", include_heads=[...]" if view == "model" else "")
+        raise AttnlabError(
+            f"{what}: {layers} layers x {H} heads x {L} x {S} tokens make a {mb:.0f} MB page, "
+            f"above {MAX_PAGE_MB} MB; narrow it with {narrow} or fewer tokens (slice the "
+            f"attentions' last two dims and the tokens to a range)")
 
 
 def _sentence_choices(n: int, b) -> list[dict]:
@@ -161,9 +191,6 @@ def _parts(attention, tokens, prettify, encoder_attention, decoder_attention, cr
 def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer, heads,
           encoder_attention, decoder_attention, cross_attention, encoder_tokens, decoder_tokens,
           include_layers, include_heads, html_action, theme):
-    from attnlab.viz.page import page_html
-    from attnlab.viz.payload import document, payload
-
     if html_action not in ("view", "return"):
         raise AttnlabError(f'html_action: expected "view" or "return", got {html_action!r}')
     parts = _parts(attention, tokens, prettify_tokens, encoder_attention, decoder_attention,
@@ -174,6 +201,7 @@ def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer
         lids = _positions("include_layers", include_layers, ma.n_layers, "layers")
         hids = _positions("include_heads", include_heads, ma.n_heads, "heads")
         ma = _select(ma, lids, hids)
+        _check_size(ma, name, view)
         if layer is not None and "layer" not in opening:
             opening["layer"] = _opening_index("layer", layer, lids, ma.n_layers, "layers")
         if view == "head" and "heads" not in opening:  # bertviz: the heads shown (None: all)
@@ -257,14 +285,23 @@ def model_view(attention=None, tokens=None, sentence_b_start=None, prettify_toke
                  decoder_tokens, include_layers, include_heads, html_action, display_mode)
 
 
+def lesson_view(height: int = 900) -> LessonPage:
+    """The explorable lesson (drag the query, edit the numbers, every percentage live).
+
+    Returns a `LessonPage`: Jupyter shows it in a sandboxed iframe `height` pixels tall;
+    `.save("lesson.html")` writes the offline page, `.html` is its text.
+    """
+    if isinstance(height, bool) or not isinstance(height, int) or height < 100:
+        raise AttnlabError(f"height: expected pixels as an int >= 100, got {height!r}")
+    return LessonPage(height)
+
+
 def save(obj, path) -> Path:
     """Write the page of `obj` (what `html_action="return"` gave, any page for Jupyter such as
-    `lesson_page()`, or a ModelAttention) to `path`."""
+    `lesson_view()`, or a ModelAttention) to `path`."""
     if isinstance(obj, NotebookPage):
         text = obj.data
     elif hasattr(obj, "weights") and hasattr(obj, "tokens"):
-        from attnlab.viz.page import page_html
-
         text = page_html(obj)
     else:
         raise AttnlabError(f"obj: expected what head_view/model_view returned or a "

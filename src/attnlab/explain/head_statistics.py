@@ -45,16 +45,15 @@ import unicodedata
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
-from attnlab.explain.head_names import STATS
 
-if TYPE_CHECKING:
-    from attnlab.capture import ModelAttention
-
+#: the statistics, in the order tables, JSON and the page list them
+STATS = ("entropy", "entropy_norm", "self", "prev", "next", "first", "special", "punct", "max",
+         "offset", "offset_share", "duplicate", "induction")
 
 #: (label, statistic, threshold): a head gets the label whose statistic clears its threshold by
 #: the largest factor; "broad" only when no other does; "-" when none does. "special_rest" is the
@@ -73,6 +72,16 @@ LABEL_RULES = (
 #: a sentence says nothing; the repeated-random probe (`repeat_random`) gives N such rows
 INDUCTION_MIN_ROWS = 8
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|<\|?/?[a-z_]+\|?>)$")
+
+
+def rules_text() -> str:
+    """The label rules with their thresholds, one line (the heads table and the page show it)."""
+    parts = []
+    for label, stat, t in LABEL_RULES:
+        extra = f" (over >= {INDUCTION_MIN_ROWS} rows)" if label == "induction" else ""
+        what = "special after position 0" if stat == "special_rest" else stat
+        parts.append(f"{label}: {what} >= {t}{extra}")
+    return "; ".join(parts)
 
 
 def looks_special(token: str) -> bool:

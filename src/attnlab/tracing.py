@@ -7,6 +7,7 @@
 
 The steps are the lesson's: compare (scores), scale (scaled_scores), mask (masked_scores),
 normalize (weights), borrow (output). Computed by `attnlab.reference`, the float64 oracle.
+A data record: Jupyter shows it through the display `attnlab.viz.notebook` registers.
 """
 
 from __future__ import annotations
@@ -55,12 +56,6 @@ class Trace:
                   "weights", "output", "lse")
         return {"tokens": self.tokens, "query_tokens": self.query_tokens, "scale": self.scale,
                 **{name: jsonable(getattr(self, name)) for name in arrays}}
-
-    def _repr_html_(self) -> str:
-        """Jupyter: the weights as a coloured table (drawing lives in attnlab.viz)."""
-        from attnlab.viz.notebook import trace_html
-
-        return trace_html(self)
 
     def __repr__(self):
         return (f"Trace(query {fmt_shape(self.query.shape)}, key {fmt_shape(self.key.shape)}, "

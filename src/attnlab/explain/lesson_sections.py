@@ -5,8 +5,12 @@ lesson leaves the value vectors to the imagination; here each value says how muc
 information a token carries: cat [1, 0] ("a creature"), mat [0, 1] ("a place"), because
 [0.5, 0.5] (a bit of both).
 
-Each `section_*` function returns plain data (lists, floats, strings) so the CLI can print it as
-text or JSON; `build_lesson` returns all sections in order.
+The sections are the lesson's steps, named as everywhere in attnlab (code, CLI, JSON, pages):
+compare (query · key), normalize (why softmax and not division by the total), scale (softmax with
+and without 1/sqrt(d)), borrow (the weighted sum of values), mask (causal), then heads (two heads
+at once) and check (the lessons' questions answered). Each `section_*` function returns its
+section as JSON-ready data (lists, floats, strings), which the terminal text, `--json` and the
+lesson page read; `build_lesson` returns all sections in the lesson's order.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 
 from attnlab.explain.lesson_check import section_check
 from attnlab.masks import causal
-from attnlab.trace import Trace, trace
+from attnlab.tracing import Trace, trace
 
 QUERY_TOKEN = "it"
 QUERY = [2.0, 1.0]
@@ -65,20 +69,21 @@ def section_compare() -> dict:
             "query_token": QUERY_TOKEN, "query": QUERY, "rows": rows, "best_match": best}
 
 
-def section_divide() -> dict:
+def section_normalize() -> dict:
     s = np.asarray(NEGATIVE_SCORES)
     divided = s / s.sum()
     soft = trace([[1.0]], [[x] for x in NEGATIVE_SCORES], [[0.0]] * 3, scale=1.0).weights[0]
-    return {"name": "divide", "title": "Why not just divide by the total?",
+    return {"name": "normalize", "title": "Normalize: why not just divide by the total?",
             "scores": s.tolist(), "total": float(s.sum()), "divided": divided.tolist(),
             "softmax": soft.tolist(),
             "problem": "dividing by the total gives a negative weight and one above 100%",
             "has_negative": bool((divided < 0).any())}
 
 
-def section_softmax() -> dict:
+def section_scale() -> dict:
     raw, scaled = lesson_trace(scale=1.0), lesson_trace(scale=None)
-    return {"name": "softmax", "title": "Softmax: scores become percentages",
+    return {"name": "scale", "title": "Scale: softmax turns scores into percentages, cooled by "
+            "1/sqrt(d)",
             "tokens": KEY_TOKENS, "scores": raw.scores[0].tolist(),
             "weights": raw.weights[0].tolist(), "sum": float(raw.weights[0].sum()),
             "scale": scaled.scale, "head_dim": len(QUERY),
@@ -97,13 +102,13 @@ def section_borrow() -> dict:
             "context": t.output[0].tolist(), "scale": t.scale}
 
 
-def section_causal() -> dict:
+def section_mask() -> dict:
     n = len(CAUSAL_TOKENS)
     allowed = causal().to_dense(n, n)[0, 0]  # (L, S)
     # one shared key per token, so only the mask changes the weights
     keys = np.linspace(0.0, 1.5, n)[:, None]
     t = trace(np.ones((n, 1)), keys, np.eye(n), mask=causal(), scale=1.0, tokens=CAUSAL_TOKENS)
-    return {"name": "causal", "title": "Causal mask: no peeking ahead",
+    return {"name": "mask", "title": "Mask: the causal mask, no peeking ahead",
             "tokens": CAUSAL_TOKENS, "allowed": allowed.tolist(),
             "sees": [[CAUSAL_TOKENS[j] for j in range(n) if allowed[i, j]] for i in range(n)],
             "weights": t.weights.tolist()}
@@ -133,10 +138,10 @@ def section_heads() -> dict:
 
 SECTIONS = {
     "compare": section_compare,
-    "divide": section_divide,
-    "softmax": section_softmax,
+    "normalize": section_normalize,
+    "scale": section_scale,
     "borrow": section_borrow,
-    "causal": section_causal,
+    "mask": section_mask,
     "heads": section_heads,
     "check": lambda: section_check({n: fn() for n, fn in SECTIONS.items() if n != "check"}),
 }

@@ -1,0 +1,93 @@
+"""What the commands that run a model share: the `--model` option, the checks of their text and
+output arguments (made before the model loads: loading and running take seconds), and the opening
+quiet → load → run.
+
+    add_model(p)                         # --model PATH, default: the packaged all-MiniLM-L6-v2
+    check_text("TEXT", args.text)        # one-line error for text that is not UTF-8
+    out = check_output("-o", args.output, (".png", ".svg"))
+    loaded = open_model(args.model)      # transformers quiet, the model loaded (cached)
+    att = run_text(loaded, args.text)    # every layer's and head's attention on the text
+    att = run_text(args.model, args.text)  # the same, loading on the way
+
+Imports of the library happen inside the functions: `attnlab --help` builds every parser without
+loading numpy or torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+MODEL_HELP = ("a local Hugging Face model directory or a checkpoint attnlab trained (default: "
+              "the packaged all-MiniLM-L6-v2)")
+
+
+def add_model(p, *, help: str = MODEL_HELP):
+    """Add `--model PATH` (the model the command reads) to parser `p`; returns the action."""
+    return p.add_argument("--model", metavar="PATH", default=None, help=help)
+
+
+def check_text(name: str, text: str) -> str:
+    """`text` as given on the command line, refused when it is not UTF-8 (Python keeps such bytes
+    as lone surrogates, which no tokenizer takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = ord(text[e.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+        raise AttnlabError(f"{name}: not UTF-8 text ({byte} at character {e.start} of "
+                           f"{text[:e.start]!r}...); pass the text in UTF-8") from None
+    return text
+
+
+def read_lines(name: str, path: str) -> list[str]:
+    """The non-empty lines of a UTF-8 text file, stripped."""
+    p = Path(path)
+    if not p.is_file():
+        raise AttnlabError(f"{name} {path}: no such file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise AttnlabError(f"{name} {path}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                           "expected one text per line") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def check_output(name: str, path: str, suffixes: tuple[str, ...]) -> Path:
+    """The file a command will write, checked before any work: its suffix, and its folder."""
+    out = Path(path)
+    if out.suffix.lower() not in suffixes:
+        what = " or ".join(suffixes)
+        raise AttnlabError(f"{name}: expected a file ending in {what}, got {path!r}")
+    if not out.parent.is_dir():
+        raise AttnlabError(f"{name}: no such directory {str(out.parent)!r}")
+    return out
+
+
+def open_model(model: str | None):
+    """Quiet transformers' progress bars, then load `model` (the --model value; None: the
+    default), cached by path."""
+    from attnlab.adapters.quiet import quiet_transformers
+    from attnlab.explain.model import load_model
+
+    quiet_transformers()  # no loading progress bars around our output
+    return load_model(model)
+
+
+def run_text(model, text: str):
+    """The attention of `model` (a loaded model from `open_model`, or the --model value) on
+    `text`, every layer and head, as a ModelAttention."""
+    from attnlab.adapters.quiet import quiet_transformers
+    from attnlab.explain.model import run_model
+
+    quiet_transformers()
+    return run_model(text, model)
+
+
+def check_choice(name: str, value: str | None, choices) -> str | None:
+    """`value` (None: not given) as one of `choices`, checked where the command runs: the names
+    live with what they name, which `--help` does not import."""
+    if value is not None and value not in choices:
+        raise AttnlabError(f"{name} {value!r}: expected one of {', '.join(choices)}")
+    return value
