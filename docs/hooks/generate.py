@@ -27,9 +27,8 @@ def cli_reference() -> str:
     parser = build_parser()
     out = ["## attnlab", "", "```text", parser.format_help().rstrip(), "```", ""]
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    helps = {c.dest: c.help for c in sub._choices_actions}
     for name, p in sub.choices.items():
-        out += [f"## attnlab {name}", "", helps.get(name) or "", "", "```text",
+        out += [f"## attnlab {name}", "", parser.command_help[name], "", "```text",
                 p.format_help().rstrip(), "```", ""]
     return "\n".join(out)
 

@@ -119,8 +119,8 @@ def test_plan_rejects_bad_arguments(kw, msg):
 
 
 def test_cli_plan_cp_table(capsys):
-    assert main(["plan-cp", "--L", "65536", "--heads", "32", "--kv-heads", "8", "--head-dim",
-                 "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
+    assert main(["plan-cp", "--L", "65536", "--num-heads", "32", "--num-kv-heads", "8",
+                 "--head-dim", "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
     out = capsys.readouterr().out
     assert "| 8 | ring |" in out and "| 16 | allgather |" in out and "**auto**" in out
     assert "needs query heads H = 32 and key/value heads Hkv = 8 divisible by world = 16" in out
@@ -130,7 +130,7 @@ def test_cli_plan_cp_table(capsys):
 def test_cli_plan_cp_latency_flag(capsys):
     import json
 
-    args = ["plan-cp", "--L", "4096", "--heads", "8", "--world", "4", "--json"]
+    args = ["plan-cp", "--L", "4096", "--num-heads", "8", "--world", "4", "--json"]
     assert main([*args, "--latency-us", "0"]) == 0
     (zero,) = json.loads(capsys.readouterr().out)
     assert main([*args, "--latency-us", "50"]) == 0
@@ -143,7 +143,7 @@ def test_cli_plan_cp_latency_flag(capsys):
 
 
 def test_cli_plan_cp_json_matches_plan(capsys):
-    assert main(["plan-cp", "--L", "4096", "--heads", "8", "--world", "4", "--mask",
+    assert main(["plan-cp", "--L", "4096", "--num-heads", "8", "--world", "4", "--mask",
                  "document:3", "--dtype", "fp32", "--json"]) == 0
     import json
 
@@ -156,7 +156,7 @@ def test_cli_plan_cp_json_matches_plan(capsys):
 
 
 def test_cli_plan_cp_bad_mask(capsys):
-    assert main(["plan-cp", "--L", "64", "--heads", "4", "--mask", "sliding:x"]) == 2
+    assert main(["plan-cp", "--L", "64", "--num-heads", "4", "--mask", "sliding:x"]) == 2
     assert "--mask" in capsys.readouterr().err
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.options import add_model, check_output, check_text, run_text
+from attnlab.cli.options import add_model, add_threads, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -22,8 +22,10 @@ def add_parser(sub):
     add_model(p)
     p.add_argument("--heads", default="mean", metavar="H[,H...]",
                    help="average these heads of every layer (default: all)")
-    p.add_argument("-o", "--output", metavar="FILE", help="also draw the shares (.png or .svg)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="also draw the shares (.png or .svg; default: no figure)")
     p.add_argument("--json", action="store_true", help="print tokens, rollout and flow as JSON")
+    add_threads(p)
     return p
 
 
