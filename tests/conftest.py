@@ -1,4 +1,4 @@
-"""Suite-wide settings."""
+"""Suite-wide settings and the fixtures several directories share."""
 
 import pytest
 import torch
@@ -22,3 +22,12 @@ def seeded():
     torch.manual_seed(0)
     yield
     torch.random.set_rng_state(state)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The packaged all-MiniLM-L6-v2 running on attnlab (`load_model(None)`: a LoadedModel with
+    .model, .tokenizer, .special_tokens). Needs the hf extra: without it the test fails."""
+    from attnlab.explain.model import load_model
+
+    return load_model(None)

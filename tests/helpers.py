@@ -24,6 +24,8 @@ def diff_report(actual, expected) -> str:
 
 
 def assert_close(actual, expected, atol=1e-6, rtol=1e-6, what="values"):
+    """actual equals expected (tensors, arrays or lists) in shape and within atol + rtol·|expected|
+    everywhere (NaN never passes); the message names `what` and reports max and mean difference."""
     a = torch.as_tensor(np.asarray(actual.detach().cpu().double() if torch.is_tensor(actual)
                                    else actual, dtype=np.float64))
     e = torch.as_tensor(np.asarray(expected.detach().cpu().double() if torch.is_tensor(expected)
@@ -31,6 +33,11 @@ def assert_close(actual, expected, atol=1e-6, rtol=1e-6, what="values"):
     assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
     ok = torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=False) | (a == e)
     assert bool(ok.all()), f"{what}: {diff_report(a, e)}"
+
+
+def close(a, b, atol=1e-5, what="output"):
+    """`assert_close` with an absolute tolerance only: |a - b| <= atol everywhere."""
+    assert_close(a, b, atol=atol, rtol=0.0, what=what)
 
 
 def max_err(x, ref) -> float:

@@ -59,10 +59,8 @@ def test_from_calls_leaves_out_cross_attention_and_other_lengths():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from attnlab.explain.model import load_model
-
-    return load_model(None).tokenizer
+def tokenizer(minilm):
+    return minilm.tokenizer
 
 
 def _save(model_cls, config, path, tokenizer):

@@ -7,19 +7,8 @@ import torch
 import transformers  # noqa: F401  (the hf extra: missing, these tests fail, never skip)
 
 from attnlab.adapters import hf, recording
-from attnlab.explain.model import load_model
 
-
-def assert_close(got, want, atol, what=""):
-    diff = (got.double() - want.double()).abs()
-    assert diff.max().item() <= atol, (
-        f"{what}: max diff {diff.max().item():.3g}, mean {diff.mean().item():.3g} (atol {atol})")
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    loaded = load_model(None)  # the packaged all-MiniLM-L6-v2, running on attnlab
-    return loaded.model, loaded.tokenizer
+from helpers import close
 
 
 def test_register_is_idempotent():
@@ -39,7 +28,7 @@ def _set(model, impl):
 
 
 def test_minilm_weights_equal_eager_with_padding(minilm):
-    model, tok = minilm
+    model, tok = minilm.model, minilm.tokenizer  # the packaged all-MiniLM-L6-v2, on attnlab
     enc = tok(["The cat sat on the mat because it was tired.", "Short one."],
               return_tensors="pt", padding=True)
     assert not enc["attention_mask"].all()  # the batch really is padded
@@ -55,11 +44,11 @@ def test_minilm_weights_equal_eager_with_padding(minilm):
     assert len(got.attentions) == len(want.attentions) == 6
     for layer, (g, w) in enumerate(zip(got.attentions, want.attentions)):
         assert g.shape == w.shape == (2, 12, enc["input_ids"].shape[1], enc["input_ids"].shape[1])
-        assert_close(g, w, 1e-5, f"layer {layer} weights")
+        close(g, w, 1e-5, f"layer {layer} weights")
     # padded keys get exactly zero weight
     pad = ~enc["attention_mask"][1].bool()
     assert got.attentions[0][1][..., pad].abs().max().item() == 0.0
-    assert_close(got.last_hidden_state, want.last_hidden_state, 1e-4, "hidden states")
+    close(got.last_hidden_state, want.last_hidden_state, 1e-4, "hidden states")
     assert plain.attentions is None  # weights cost nothing unless asked for
     assert torch.equal(plain.last_hidden_state, got.last_hidden_state)
 
@@ -82,10 +71,10 @@ def _compare_logits(model, ids, mask, atol=1e-5):
         _set(model, "attnlab")
         got = model(input_ids=ids, attention_mask=mask, output_attentions=True)
     real = mask.bool()
-    assert_close(got.logits[real], want.logits[real], atol, "logits at real tokens")
+    close(got.logits[real], want.logits[real], atol, "logits at real tokens")
     for g, w in zip(got.attentions, want.attentions):
         rows = real[:, None, :, None]  # eager spreads a fully masked (pad) query row uniformly
-        assert_close(torch.where(rows, g, 0), torch.where(rows, w, 0), 1e-5, "weights")
+        close(torch.where(rows, g, 0), torch.where(rows, w, 0), 1e-5, "weights")
         # causal: no weight on the future
         assert g.triu(1).abs().max().item() == 0.0
     return got
@@ -133,12 +122,12 @@ def test_llama_without_mask_is_causal_and_decoding_matches():
         # prefill then one decoding step through the KV cache (one query row, no mask)
         pre = model(input_ids=ids[:, :-1], use_cache=True)
         step = model(input_ids=ids[:, -1:], cache=pre.cache).logits
-    assert_close(full, want, 1e-5, "logits")
-    assert_close(step[:, -1], want[:, -1], 1e-5, "decode-step logits")
+    close(full, want, 1e-5, "logits")
+    close(step[:, -1], want[:, -1], 1e-5, "decode-step logits")
 
 
 def test_record_captures_every_layer_and_head(minilm):
-    model, tok = minilm
+    model, tok = minilm.model, minilm.tokenizer  # the packaged all-MiniLM-L6-v2, on attnlab
     enc = tok("The cat sat.", return_tensors="pt")
     with torch.no_grad(), recording.record() as calls:
         out = model(**enc, output_attentions=True)
@@ -147,11 +136,11 @@ def test_record_captures_every_layer_and_head(minilm):
     for c, w in zip(calls, out.attentions):
         assert c.query.dtype == torch.float64 and c.query.shape == (1, 12, L, 32)
         assert c.weights.shape == (1, 12, L, L)
-        assert_close(c.weights, w, 1e-6, "recorded weights")
+        close(c.weights, w, 1e-6, "recorded weights")
         # the recorded q, k, mask and scale reproduce the weights
         s = (c.query @ c.key.transpose(-1, -2)) * c.scale
         s = s.masked_fill(~c.allowed, float("-inf"))
-        assert_close(torch.softmax(s, -1), c.weights, 1e-5, "softmax of recorded scores")
+        close(torch.softmax(s, -1), c.weights, 1e-5, "softmax of recorded scores")
     assert not recording.recording()
 
 
@@ -166,8 +155,8 @@ def test_softcap_passes_through_and_sinks_are_refused():
                                           softcap=2.0, output_attentions=True)
     s = 2.0 * torch.tanh((q @ k.transpose(-1, -2)) * 0.5 / 2.0)  # Gemma 2's eager order
     want = torch.softmax(s, -1)
-    assert_close(w, want, 1e-6, "softcapped weights")
-    assert_close(out, (want @ v).transpose(1, 2), 1e-5, "softcapped output")
+    close(w, want, 1e-6, "softcapped weights")
+    close(out, (want @ v).transpose(1, 2), 1e-5, "softcapped output")
     with pytest.raises(AttnlabError, match="sinks"):
         hf.attnlab_attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(2))
 
@@ -189,9 +178,9 @@ def test_t5_position_bias_encoder_decoder_equal_eager():
         _set(model, "attnlab")
         got = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec,
                     output_attentions=True)
-    assert_close(got.last_hidden_state, want.last_hidden_state, 1e-5, "decoder output")
+    close(got.last_hidden_state, want.last_hidden_state, 1e-5, "decoder output")
     real = mask.bool()
-    assert_close(got.encoder_last_hidden_state[real], want.encoder_last_hidden_state[real], 1e-5,
+    close(got.encoder_last_hidden_state[real], want.encoder_last_hidden_state[real], 1e-5,
                  "encoder output")
     for g, w in zip(got.decoder_attentions, want.decoder_attentions):
-        assert_close(g, w, 1e-5, "decoder self-attention weights (causal + position bias)")
+        close(g, w, 1e-5, "decoder self-attention weights (causal + position bias)")

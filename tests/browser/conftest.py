@@ -81,3 +81,26 @@ def open_page(browser):
     yield _open
     for ctx in contexts:
         ctx.close()
+
+
+@pytest.fixture
+def clean_page(open_page):
+    """open(url, *ready, allowed=None) -> page: `url` opened and waited on until every selector in
+    `ready` is attached. When the test ends, each page opened must have logged no error, asked
+    for nothing outside `allowed` (default: `url` itself) and opened no dialog. The page's
+    Watch rides along as `page.attnlab_watch`, for a test that looks at it itself."""
+    watches = []
+
+    def _open(url, *ready, allowed=None):
+        page, watch = open_page(url, allowed=[url] if allowed is None else allowed)
+        for selector in ready:
+            page.wait_for_selector(selector, state="attached")
+        page.attnlab_watch = watch
+        watches.append(watch)
+        return page
+
+    yield _open
+    for watch in watches:
+        assert watch.errors == [], watch.errors
+        assert watch.outside() == [], watch.outside()  # nothing but what the page may reach
+        assert watch.dialogs == [], watch.dialogs

@@ -24,16 +24,9 @@ def app():
 
 
 @pytest.fixture
-def app_page(open_page, app):
+def app_page(clean_page, app):
     base, _ = app
-    page, watch = open_page(base + "/", allowed=[base])
-    page.wait_for_selector("#drawing .link", state="attached")
-    page.wait_for_selector("body:not([data-busy])", state="attached")
-    page.attnlab_watch = watch  # for the test that expects 4xx responses in the console
-    yield page
-    assert watch.errors == [], watch.errors
-    assert watch.outside() == [], watch.outside()
-    assert watch.dialogs == [], watch.dialogs
+    return clean_page(base + "/", "#drawing .link", "body:not([data-busy])", allowed=[base])
 
 
 def _ask(page, text, model=None):

@@ -18,16 +18,11 @@ def capture():
 
 
 @pytest.fixture
-def page(open_page, capture, tmp_path):
+def page(clean_page, capture, tmp_path):
     path = tmp_path / "view.html"
     write_page(capture, path)
     url = path.as_uri() + "#view=heads&stat=first"
-    page, watch = open_page(url, allowed=[path.as_uri()])
-    page.wait_for_selector("#drawing .headcell", state="attached")
-    yield page
-    assert watch.errors == [], watch.errors
-    assert watch.outside() == [], watch.outside()
-    assert watch.dialogs == [], watch.dialogs
+    return clean_page(url, "#drawing .headcell", allowed=[path.as_uri()])
 
 
 def cells(page):

@@ -6,6 +6,7 @@ Set ATTNLAB_SCREENSHOTS=docs/img to write the README's screenshots while the tes
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -23,6 +24,8 @@ from attnlab.viz.lesson_page import write_lesson_page
 from browser.helpers_browser import texts
 from viz.fakes import FakeModels
 
+from helpers import close
+
 Q, IT = "\u201c{}\u201d", "\u201cit\u201d"
 SECTIONS = ["compare", "normalize", "scale", "borrow", "mask", "heads", "check"]
 ATOL = 1e-9
@@ -36,13 +39,8 @@ def page_url(tmp_path_factory):
 
 
 @pytest.fixture
-def page(open_page, page_url):
-    page, watch = open_page(page_url, allowed=[page_url])
-    page.wait_for_selector("body[data-ready]", state="attached")
-    yield page
-    assert watch.errors == [], watch.errors
-    assert watch.outside() == [], watch.outside()  # nothing but the file itself
-    assert watch.dialogs == [], watch.dialogs
+def page(clean_page, page_url):
+    return clean_page(page_url, "body[data-ready]")  # nothing but the file itself
 
 
 def get(page) -> dict:
@@ -53,8 +51,7 @@ def put(page, partial) -> dict:
     return page.evaluate("p => window.attnlabLesson.set(p)", partial)
 
 
-def close(got, want):
-    np.testing.assert_allclose(np.asarray(got, dtype=float), want, rtol=0, atol=ATOL)
+close = functools.partial(close, atol=ATOL)  # the page's arithmetic against attnlab.trace
 
 
 def check_main(g):

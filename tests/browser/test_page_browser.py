@@ -29,13 +29,8 @@ def page_url(capture, tmp_path_factory):
 
 
 @pytest.fixture
-def page(open_page, page_url):
-    page, watch = open_page(page_url, allowed=[page_url])
-    page.wait_for_selector("#drawing .link", state="attached")
-    yield page
-    assert watch.errors == [], watch.errors
-    assert watch.outside() == [], watch.outside()  # nothing but the file itself
-    assert watch.dialogs == [], watch.dialogs
+def page(clean_page, page_url):
+    return clean_page(page_url, "#drawing .link")  # nothing but the file itself
 
 
 def test_loads_with_the_first_head(page, capture):

@@ -11,16 +11,11 @@ import transformers
 
 from attnlab.capture import ModelAttention
 from attnlab.explain.head_statistics import STATS, head_stats
-from attnlab.explain.model import default_model_path, load_model, run_model
+from attnlab.explain.model import default_model_path, run_model
 from attnlab.explain.probe import repeat_random
 
 SENTENCE = "The cat sat on the mat because it was tired."
 OTHER = "When Mary and John went to the store, John gave a drink to Mary."
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    return load_model(None)
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,6 @@ from attnlab.explain.token import explain_token
 SENTENCE = "The cat sat on the mat because it was tired."
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    return load_model(None)
-
-
 def test_load_model_is_cached(minilm):
     assert load_model(None) is minilm
     assert minilm.kind == "hf" and minilm.max_length == 512

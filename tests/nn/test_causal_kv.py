@@ -9,11 +9,7 @@ import torch
 from attnlab import AttnlabError
 from attnlab.nn import CausalSelfAttention, KVCache, RotaryEmbedding
 
-
-def close(a, b, atol=1e-5, what="output"):
-    d = (a.detach().double() - b.detach().double()).abs()
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-    assert bool((d <= atol).all()), f"{what}: max diff {d.max():.3e}, mean {d.mean():.3e}"
+from helpers import close
 
 
 def module(kv_heads=4, rotary=False, seed=0, d=48, heads=4):

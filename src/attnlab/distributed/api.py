@@ -13,8 +13,9 @@ from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.layouts import Sharding, check_layout
 from attnlab.distributed.ring import RingAttention
 from attnlab.distributed.ulysses import ulysses_attention
-from attnlab.errors import AttnlabError, check_choice, check_qkv, check_scale, fmt_shape
+from attnlab.errors import AttnlabError, check_choice, check_scale, fmt_shape
 from attnlab.masks import Mask
+from attnlab.ops.validate import check_qkv
 
 STRATEGY_CHOICES = ("auto", *cost.STRATEGIES)
 

@@ -13,8 +13,35 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.errors import Dims
 from attnlab.masks import Mask
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes of one attention call, in the glossary's names.
+
+    `batch` holds the leading dims before the head dim (empty when the inputs are 2-D).
+    """
+
+    batch: tuple[int, ...]
+    H: int
+    Hkv: int
+    L: int
+    S: int
+    D: int
+    Dv: int
+    ndim: int = 4
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 when there are no heads at all)."""
+        return self.H // self.Hkv if self.Hkv else 1
+
+    @property
+    def scores_shape(self) -> tuple[int, ...]:
+        if self.ndim == 2:
+            return (self.L, self.S)
+        return (*self.batch, self.H, self.L, self.S)
 
 
 @dataclass
@@ -94,14 +121,6 @@ def _at(m: torch.Tensor, rows, cols) -> torch.Tensor:
     if cols is not None and m.shape[-1] > 1:
         m = m.index_select(-1, cols)
     return m
-
-
-def merged_allowed(allowed: torch.Tensor | None, bias: torch.Tensor | None):
-    """One bool matrix (True = may attend) from `dense_masks()`: a float mask's -inf entries too."""
-    if bias is None:
-        return allowed
-    finite = bias != float("-inf")
-    return finite if allowed is None else allowed & finite
 
 
 def _fit(mask4d: torch.Tensor, ndim: int) -> torch.Tensor:
