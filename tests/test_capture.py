@@ -104,7 +104,7 @@ def test_run_model_mixing_sliding_and_full_layers(arch, tokenizer, tmp_path):
             np.testing.assert_allclose(att.head_trace(layer, head).weights,
                                        att.weights[layer, head], atol=1e-6)
     r = explain_token(att, "tired", layer=sliding_layer, head=0)
-    assert r["detail"]["mask"] == window[r["focus"]].tolist()
+    assert r.detail.mask == window[r.focus].tolist()
 
 
 def test_recorded_cross_attention_is_marked():
@@ -174,3 +174,11 @@ def test_records_know_nothing_of_drawing():
     for name in ("capture.py", "tracing.py"):
         bad = {m for m in _runtime_imports(SRC / name) if m.startswith("attnlab.viz")}
         assert not bad, (name, bad)
+
+
+def test_head_trace_without_qkv_is_an_attnlab_error():
+    from attnlab.errors import AttnlabError
+
+    ma = ModelAttention.from_attentions([np.full((1, 1, 2, 2), 0.5)], ["a", "b"])
+    with pytest.raises(AttnlabError, match=r"^head_trace: needs queries, keys and values"):
+        ma.head_trace(0, 0)

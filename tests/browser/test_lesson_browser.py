@@ -78,7 +78,7 @@ def test_loads_offline_and_every_section_renders(page):
     assert page.locator("#borrow-plane .share").count() == 3
     assert page.locator("#mask-grid button").count() == 16
     assert page.locator(".head .bar-row").count() == 16
-    assert page.locator("#check .q").count() == len(build_lesson(["check"])[0]["questions"])
+    assert page.locator("#check .q").count() == len(build_lesson(["check"])[0].questions)
 
 
 def test_defaults_show_the_lessons_numbers(page):
@@ -91,7 +91,7 @@ def test_defaults_show_the_lessons_numbers(page):
     assert page.inner_text("#borrow-context").endswith("= [0.873, 0.127]")
     assert texts(page, ".head-top") == [f"\u2192 {IT} borrows most from {Q.format('cat')} (98.4%)",
                                         f"\u2192 {IT} borrows most from {Q.format('mat')} (95.1%)"]
-    sections = {s["name"]: s for s in build_lesson()}
+    sections = {s.name: s.to_json() for s in build_lesson()}
     g = get(page)
     check_main(g)
     close(g["grid"]["weights"], sections["mask"]["weights"])

@@ -99,11 +99,10 @@ def test_counts_and_indices_have_different_names():
 
 def test_negative_layer_and_head_count_from_the_last():
     att = fake_capture(["a", "b", "c", "d"], n_layers=3, n_heads=4)
-    last = explain_token(att, "c", layer=-1, head=-1)["detail"]
-    same = explain_token(att, "c", layer=2, head=3)["detail"]
-    assert (last["layer"], last["head"]) == (2, 3)
-    assert {k: v for k, v in last.items() if k != "why"} == \
-        {k: v for k, v in same.items() if k != "why"}
+    last = explain_token(att, "c", layer=-1, head=-1).detail
+    same = explain_token(att, "c", layer=2, head=3).detail
+    assert (last.layer, last.head) == (2, 3)
+    assert last.weights == same.weights and last.scores == same.scores
 
 
 def test_quick_refuses_the_flags_it_would_override(capsys):

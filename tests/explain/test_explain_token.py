@@ -44,7 +44,7 @@ def test_find_word_errors_list_the_tokens():
 
 def test_report_schema_and_heads():
     att = make_attention()
-    r = explain_token(att, "it", special={"[CLS]", "[SEP]"}, top=3)
+    r = explain_token(att, "it", special={"[CLS]", "[SEP]"}, top=3).to_json()  # --json's schema
     assert r["tokens"] == TOKENS and r["focus"] == 5
     assert len(r["heads"]) == 6 and {"layer", "head", "weights"} <= set(r["heads"][0])
     np.testing.assert_allclose(r["heads"][4]["weights"], att.weights[1, 1, 5])
@@ -57,8 +57,8 @@ def test_report_schema_and_heads():
     np.testing.assert_allclose(d["scaled_scores"], k @ q * att.scale)
     np.testing.assert_allclose(d["weights"], att.weights[l, h, 5], atol=1e-12)
     assert len(d["contributions"]) == 3
-    shares = explain_token(att, "it", layer=l, head=h, top=99)["detail"]["contributions"]
-    assert sum(c["share"] for c in shares) == pytest.approx(1.0)  # the parts make the context
+    shares = explain_token(att, "it", layer=l, head=h, top=99).detail.contributions
+    assert sum(c.share for c in shares) == pytest.approx(1.0)  # the parts make the context
 
 
 def test_top_ranked_head_is_the_strongest_non_special():
@@ -70,7 +70,7 @@ def test_top_ranked_head_is_the_strongest_non_special():
     skip = positional_heads(att, special)
     best = max(((l, h) for l in range(2) for h in range(3) if (l, h) not in skip),
                key=lambda lh: w[lh].max())
-    assert (r["detail"]["layer"], r["detail"]["head"]) == best
+    assert (r.detail.layer, r.detail.head) == best
     assert rank_heads(att, 5, special)[0][:2] == best
 
 
@@ -78,10 +78,10 @@ def test_target_and_explicit_head():
     att = make_attention(seed=1)
     r = explain_token(att, "it", target="tired")
     total = att.weights[:, :, 5, 7] + att.weights[:, :, 5, 8]
-    assert (r["detail"]["layer"], r["detail"]["head"]) == np.unravel_index(total.argmax(),
+    assert (r.detail.layer, r.detail.head) == np.unravel_index(total.argmax(),
                                                                            total.shape)
     r = explain_token(att, "it", layer=1, head=2)
-    assert (r["detail"]["layer"], r["detail"]["head"]) == (1, 2)
+    assert (r.detail.layer, r.detail.head) == (1, 2)
     with pytest.raises(AttnlabError, match=r"^head 3: out of range"):
         explain_token(att, "it", layer=1, head=3)
     with pytest.raises(AttnlabError, match="give both"):
@@ -101,8 +101,8 @@ def test_positional_head_detected_and_left_out_of_ranking():
 def test_causal_split_word_uses_last_piece_and_masks_future():
     att = make_attention(seed=4, causal=True)
     r = explain_token(att, "tired", layer=0, head=0)
-    assert r["pieces"] == [7, 8] and r["focus"] == 8
+    assert r.pieces == [7, 8] and r.focus == 8
     r = explain_token(att, "it", layer=0, head=0)
-    assert r["detail"]["mask"] == [True] * 6 + [False] * 4
-    assert all(w == 0 for w in r["detail"]["weights"][6:])
-    assert [t["allowed"] for t in r["per_token"]] == r["detail"]["mask"]
+    assert r.detail.mask == [True] * 6 + [False] * 4
+    assert all(w == 0 for w in r.detail.weights[6:])
+    assert [t.allowed for t in r.per_token] == r.detail.mask

@@ -184,3 +184,14 @@ def test_token_kinds():
     assert not looks_special("cat") and not looks_special("[")
     assert is_punct(".") and is_punct("##,") and is_punct("\u0120?!") and not is_punct("a.")
     assert not is_punct("")
+
+
+def test_ranked_orders_heads_largest_first_nan_last_ties_in_order():
+    from attnlab.explain.head_statistics import HeadStats
+
+    grid = {name: np.zeros((2, 2)) for name in STATS}
+    grid["max"] = np.array([[0.5, np.nan], [0.9, 0.5]])
+    stats = HeadStats(model="m", texts=1, stats=grid, labels=[["-", "-"], ["-", "-"]])
+    assert stats.ranked("max") == [(1, 0), (0, 0), (1, 1), (0, 1)]
+    with pytest.raises(AttnlabError, match="statistic 'nope'"):
+        stats.ranked("nope")

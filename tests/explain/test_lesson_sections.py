@@ -20,12 +20,12 @@ def softmax(x):
 
 
 def by_name():
-    return {s["name"]: s for s in build_lesson()}
+    return {s.name: s.to_json() for s in build_lesson()}
 
 
 def test_every_listed_section_in_order():
     assert list(SECTIONS) == LISTED
-    assert [s["name"] for s in build_lesson()] == LISTED
+    assert [s.name for s in build_lesson()] == LISTED
 
 
 def test_compare_writes_out_each_dot_product():
@@ -66,7 +66,7 @@ def test_check_answers_follow_the_numbers(monkeypatch):
     assert answers["What does causal masking prevent?"]["numbers"]["future_weight"] == 0.0
     # change the lesson's query and the answers change with it: nothing is typed in
     monkeypatch.setattr(lesson, "QUERY", [0.0, 2.0])
-    moved = {q["question"]: q for q in build_lesson(["check"])[0]["questions"]}
+    moved = {q["question"]: q for q in build_lesson(["check"])[0].to_json()["questions"]}
     assert moved["Why does the word it need attention in the cat example?"]["numbers"][
         "best_match"] == "mat"
 

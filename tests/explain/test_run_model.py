@@ -41,15 +41,15 @@ def test_some_head_makes_it_borrow_mostly_from_cat(minilm):
     mostly_cat = (row.argmax(-1) == cat) & (row[..., cat] > 0.5)
     assert mostly_cat.any(), "no head puts most of 'it' on 'cat'"
     r = explain_token(att, "it", target="cat", special=minilm.special_tokens)
-    l, h = r["detail"]["layer"], r["detail"]["head"]
+    l, h = r.detail.layer, r.detail.head
     assert mostly_cat[l, h]
 
 
 def test_sub_word_pieces(minilm):
     att = run_model("The unbelievably tired cat slept.", minilm)
     r = explain_token(att, "unbelievably", special=minilm.special_tokens)
-    assert len(r["pieces"]) > 1 and r["focus"] == r["pieces"][0]
-    assert "".join(att.tokens[i].removeprefix("##") for i in r["pieces"]) == "unbelievably"
+    assert len(r.pieces) > 1 and r.focus == r.pieces[0]
+    assert "".join(att.tokens[i].removeprefix("##") for i in r.pieces) == "unbelievably"
 
 
 def test_text_longer_than_the_model_takes(minilm):
@@ -81,8 +81,8 @@ def test_attnlab_checkpoint_through_the_same_path(tmp_path):
     assert att.causal and att.weights.shape[:2] == (2, 4)
     r = explain_token(att, "it", target="cat")
     i = text.index(" it ") + 1  # one token per character
-    assert r["pieces"] == [i, i + 1] and r["focus"] == i + 1
-    assert all(w == 0 for w in r["detail"]["weights"][i + 2:])  # no peeking ahead
+    assert r.pieces == [i, i + 1] and r.focus == i + 1
+    assert all(w == 0 for w in r.detail.weights[i + 2:])  # no peeking ahead
     with pytest.raises(AttnlabError, match="at most 48"):
         run_model("The cat sat because it was tired. " * 3, loaded)
 

@@ -160,11 +160,11 @@ def test_wrong_shaped_and_missing_tensors(ck):
 
 def test_a_config_claiming_a_huge_model_allocates_nothing(ck):
     doc = doc_of(ck)
-    doc["model"]["n_layer"] = 10**9
+    doc["model"]["n_layer"] = 7
     write_doc(ck, doc)
     with pytest.raises(AttnlabError, match=r"holds 1 layers but attnlab\.json says n_layer"):
         load_checkpoint(ck)
-    doc["model"]["n_layer"], doc["model"]["n_embd"] = 1, 2**20
+    doc["model"]["n_layer"], doc["model"]["n_embd"] = 1, 2**13
     write_doc(ck, doc)
     with pytest.raises(AttnlabError, match="the model config needs"):
         load_checkpoint(ck)
@@ -218,12 +218,14 @@ def test_an_unreadable_attnlab_json_is_one_clear_error(ck, text):
 
 
 @pytest.mark.parametrize("key, value", [("history", None), ("val", "x"), ("tokens_seen", None),
-                                        ("elapsed_s", "1 s")])
+                                        ("elapsed_s", "1 s"), ("history", [1]), ("val", ["x"]),
+                                        ("val", [{"step": 1}]),
+                                        ("history", [{"step": 1, "loss": "low"}])])
 def test_resume_checks_the_training_state(ck, key, value):
     doc = doc_of(ck)
     doc["state"][key] = value
     write_doc(ck, doc)
-    with pytest.raises(AttnlabError, match=f"'state.{key}'"):
+    with pytest.raises(AttnlabError, match=rf"'state\.{key}(\[0\])?'"):
         Trainer.resume(ck)
     doc["train"]["lr"] = "fast"
     write_doc(ck, doc)
@@ -384,3 +386,93 @@ def test_a_pickle_checkpoint_is_refused_by_name(tmp_path, capsys, payload):
         cli_one_line_error(capsys, ["generate", "--model", str(target), "--prompt", "a"],
                            "safetensors weights only")
     assert "unpickled" not in capsys.readouterr().out
+
+
+# -- numbers, nesting and file kinds in a tampered checkpoint ------------------------------------
+
+
+@pytest.mark.parametrize("section, key, value, needle", [
+    ("model", "n_embd", 10**9, "n_embd: 1e+09 is beyond the limit of 32,768"),
+    ("model", "n_layer", 10**9, "n_layer: 1e+09 is beyond the limit"),
+    ("model", "vocab_size", 10**12, "vocab_size: 1e+12 is beyond the limit"),
+    ("model", "block_size", 10**9, "block_size: 1e+09 is beyond the limit"),
+    ("model", "n_head", 2**14, "n_head: 1.64e+04 is beyond the limit"),
+    ("model", "rope_base", float("nan"), "rope_base: expected a finite number"),
+    ("train", "batch_size", 10**12, "batch_size: 1e+12 is beyond the limit"),
+    ("train", "eval_batches", 10**12, "eval_batches: 1e+12 is beyond the limit"),
+    ("train", "seed", 10**30, "seed: expected an integer of magnitude below 2**40"),
+    ("train", "beta1", float("nan"), "beta1: expected a finite number"),
+    ("train", "grad_clip", float("inf"), "grad_clip: expected a finite number"),
+])
+def test_every_config_number_is_bounded_before_anything_is_built(ck, capsys, section, key,
+                                                                 value, needle):
+    doc = doc_of(ck)
+    doc[section][key] = value
+    write_doc(ck, doc)
+    with pytest.raises(AttnlabError, match=f"'{section}' is not valid") as e:
+        Trainer.resume(ck)
+    assert needle in str(e.value)
+    cli_one_line_error(capsys, ["train", "--out", str(ck), "--resume", "--quiet"], needle)
+    if section == "model":
+        cli_one_line_error(capsys, ["generate", "--model", str(ck), "--prompt", "a"],
+                           needle)
+
+
+def test_a_config_within_each_bound_but_too_big_as_a_whole_is_refused():
+    from attnlab.models.config import GPTConfig
+
+    with pytest.raises(AttnlabError, match=r"about 12,583,109,632 parameters .* limit is 1,073,"):
+        GPTConfig(n_layer=1000, n_embd=1024, n_head=8)
+    with pytest.raises(AttnlabError, match="4096 rows of block_size 4096 are 16,777,216 tokens"):
+        Trainer.start("tiny", batch_size=4096, model_overrides={**SMALL, "block_size": 4096})
+
+
+def test_deeply_nested_attnlab_json_is_one_clear_error(ck, capsys):
+    (ck / "attnlab.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(AttnlabError, match="nested deeper than the decoder's limit"):
+        load_checkpoint(ck)
+    assert not is_checkpoint(ck)
+    cli_one_line_error(capsys, ["train", "--out", str(ck), "--resume", "--quiet"],
+                       "nested deeper")
+
+
+def test_an_oversized_attnlab_json_is_refused_unread(ck, monkeypatch):
+    from attnlab.models import checkpoint_checks
+
+    monkeypatch.setattr(checkpoint_checks, "MAX_META_BYTES", 100)
+    with pytest.raises(AttnlabError, match="bytes, more than the 100 attnlab reads"):
+        load_checkpoint(ck)
+
+
+@pytest.mark.parametrize("kind", ["model", "trainer"])
+def test_a_tensor_file_bigger_than_its_config_allows_is_refused_unread(ck, kind):
+    with open(tensor_file(ck, kind), "r+b") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB for a model of ~5,000 parameters
+    with pytest.raises(AttnlabError, match=r"is 67,108,864 bytes, more than the [\d,]+ attnlab "
+                       "reads for it"):
+        read_checkpoint(ck, with_trainer=True)
+
+
+def test_an_attnlab_json_linked_from_outside_is_refused(ck, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(ck / "attnlab.json", outside / "attnlab.json")
+    (ck / "attnlab.json").symlink_to(outside / "attnlab.json")
+    with pytest.raises(AttnlabError, match=r"attnlab\.json is a link to .*outside the checkpoint"):
+        load_checkpoint(ck)
+
+
+@pytest.mark.parametrize("what", ["attnlab.json", "model"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_directory_or_fifo_where_a_file_should_be_says_so(ck, capsys, what, kind):
+    path = ck / "attnlab.json" if what == "attnlab.json" else tensor_file(ck)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)  # opening it to read would block: the loader must not
+    needle = "is a directory, not a regular file" if kind == "directory" else "is a FIFO"
+    with pytest.raises(AttnlabError, match=needle) as e:
+        load_checkpoint(ck)
+    assert "missing" not in str(e.value) and path.name in str(e.value)
+    cli_one_line_error(capsys, ["train", "--out", str(ck), "--resume", "--quiet"], needle)

@@ -37,6 +37,12 @@ def test_train_resume_generate(tmp_path, capsys):
                    "'é'")
     one_line_error(capsys, ["generate", "--model", out, "--prompt", "a", "--top-k", "0"],
                    "top_k")
+    for flag, value, needle in (("--temperature", "inf", "temperature: expected a finite"),
+                                ("--temperature", "nan", "temperature: expected a finite"),
+                                ("--seed", str(10**24), "seed: expected an int of magnitude"),
+                                ("--max-new-tokens", str(10**12), "max_new_tokens: expected")):
+        one_line_error(capsys, ["generate", "--model", out, "--prompt", "a", flag, value],
+                       needle)
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -52,3 +58,15 @@ def test_bad_arguments_give_one_clear_line(capsys, argv, needles):
 def test_resume_without_a_checkpoint(tmp_path, capsys):
     one_line_error(capsys, ["train", "--out", str(tmp_path), "--resume"], "--resume",
                    "no checkpoint")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lr", "1e308"], "lr: 1e+308 is beyond the limit of 1e+30"),
+    (["--threads", "100000000"], "--threads: 100000000 is beyond the limit of 1024"),
+    (["--nproc", "100000"], "--nproc: 100000 is beyond the limit of 1024"),
+    (["--max-steps", str(10**12)], "max_steps: 1e+12 is beyond the limit"),
+    (["--batch-size", str(10**12)], "batch_size: 1e+12 is beyond the limit"),
+])
+def test_out_of_range_numbers_are_one_line_before_training(tmp_path, capsys, args, needle):
+    one_line_error(capsys, ["train", "--out", str(tmp_path / "r"), "--quiet", *args], needle)
+    assert not (tmp_path / "r" / "attnlab.json").exists()

@@ -150,6 +150,7 @@ def test_20_fresh_steps_with_dp2_with_cp2_and_in_one_process_agree(tmp_path, cap
         out = tmp_path / layout[0].strip("-")
         _attnlab(*common, "--out", str(out), "--nproc", "2", *layout)
         _assert_same_run(_curve(out), ref, load_checkpoint(out)[0], one, " ".join(layout))
+        assert not (out / ".attnlab-lock").exists()  # the launcher released the run's lock
 
 
 @pytest.mark.slow

@@ -47,3 +47,12 @@ def test_an_asset_cannot_close_its_own_block(part):
     parts[part] = "x</STYLE>" if part == "css" else "x</Script>"
     with pytest.raises(ValueError, match=f"^{part}: "):
         document(title="t", body="", **parts)
+
+
+def test_bad_assets_and_attributes_are_attnlab_errors():
+    from attnlab.errors import AttnlabError
+
+    with pytest.raises(AttnlabError, match=r"^js: an inline asset may not contain '</script'"):
+        document(title="t", css="", js="x</script>", body="")
+    with pytest.raises(AttnlabError, match=r"^attrs: expected an attribute name, got 'on load'"):
+        document(title="t", css="", js="", body="", attrs={"on load": "x"})

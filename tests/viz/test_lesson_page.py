@@ -42,7 +42,7 @@ def test_starting_numbers_are_the_lessons():
 
 def test_every_question_can_be_tried_on_the_page():
     questions = lesson_data()["questions"]
-    check = lesson.build_lesson(["check"])[0]["questions"]
+    check = lesson.build_lesson(["check"])[0].to_json()["questions"]
     assert [q["question"] for q in questions] == [q["question"] for q in check]
     assert [q["answer"] for q in questions] == [q["answer"] for q in check]
     js = lesson_page.asset("lesson.js")

@@ -46,7 +46,7 @@ def test_lesson_draws_in_a_terminal(monkeypatch, capsys):
 
 
 def test_lesson_drawings_match_numbers():
-    sections = {s["name"]: s for s in build_lesson()}
+    sections = {s.name: s for s in build_lesson()}
     text = to_text(lesson_drawing(sections["scale"]))
     assert "93.6%" in text and "84.8%" in text
     causal = to_text(lesson_drawing(sections["mask"]))

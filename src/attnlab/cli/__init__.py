@@ -1,5 +1,8 @@
 """`attnlab <command>`: a thin layer over the library. Each command lives in its own module here,
-with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`.
+with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`; `options` holds
+what the commands share (`--model`, `--threads`, the checks of text and output arguments made
+before a model loads, and the quiet -> load -> run opening). Errors are one line and exit 2;
+warnings one line.
 
 One vocabulary across commands: `--model DIR` reads a model or a run directory, `--out DIR` writes
 one, `-o FILE` writes a file, `--layer` / `--head` are 0-based indices (negative counts from the
@@ -24,6 +27,8 @@ GROUPS = (
     ("tools", ("bench",)),
 )
 COMMANDS = tuple(name for _, names in GROUPS for name in names)
+
+MAX_THREADS = 1024  # as `attnlab train` allows its processes
 
 DESCRIPTION = ("Attention, exactly and in the open: see the lesson's arithmetic, look inside "
                "real models, train a small GPT, plan attention across machines, and benchmark "
@@ -107,6 +112,8 @@ def _set_threads(n: int | None) -> None:
         return
     if isinstance(n, bool) or n < 1:
         raise AttnlabError(f"--threads: expected a positive number, got {n}")
+    if n > MAX_THREADS:
+        raise AttnlabError(f"--threads: {n} is beyond the limit of {MAX_THREADS}")
     import torch
 
     torch.set_num_threads(n)

@@ -59,7 +59,7 @@ def run(args) -> int:
     report = explain_token(att, args.token, target=args.target, layer=args.layer,
                            head=args.head, top=args.top, special=loaded.special_tokens)
     if args.json:
-        json.dump(report, sys.stdout, indent=1)
+        json.dump(report.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_explain(report, att.n_layers, att.n_heads))

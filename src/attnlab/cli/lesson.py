@@ -69,7 +69,7 @@ def run(args) -> int:
         raise AttnlabError(f"-o {args.output}: only --html writes a file; add --html")
     sections = build_lesson([args.section] if args.section else None)
     if args.json:
-        json.dump({"sections": sections}, sys.stdout, indent=2)
+        json.dump({"sections": [s.to_json() for s in sections]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif wanted(args.plain):  # a terminal: the text plus coloured bars and heatmaps
         from attnlab.viz.terminal_reports import show_lesson

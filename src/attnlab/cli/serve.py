@@ -13,7 +13,7 @@ from attnlab.cli.options import add_threads
 
 
 def add_parser(sub):
-    from attnlab.viz.app_limits import MAX_CHARS, MAX_TOKENS
+    from attnlab.viz.app_server import MAX_CHARS, MAX_TOKENS
 
     p = sub.add_parser("serve", help="run the local web app (loopback only by default)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

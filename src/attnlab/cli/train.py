@@ -7,6 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+#: the most threads, and local processes, one `attnlab train` starts
+MAX_LOCAL = 1024
+
 
 def add_parser(sub):
     p = sub.add_parser("train", help="train a small GPT on the bundled Shakespeare corpus",
@@ -71,6 +74,9 @@ def run(args) -> int:
                     ("--nproc", args.nproc), ("--dp", args.dp), ("--cp", args.cp)):
         if v is not None and v < 1:
             raise AttnlabError(f"{flag}: expected a positive number, got {v}")
+    for flag, v in (("--threads", args.threads), ("--nproc", args.nproc)):
+        if v is not None and v > MAX_LOCAL:  # threads and processes of this one machine
+            raise AttnlabError(f"{flag}: {v} is beyond the limit of {MAX_LOCAL}")
     _check_schedule(args)
     out = Path(args.out or Path("runs") / args.preset)
     if launched():
@@ -88,6 +94,11 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     trainer = _trainer(args, out, None)
+    with trainer.locked():  # refused before the header when another run writes to --out
+        return _train_here(args, trainer, out)
+
+
+def _train_here(args, trainer, out: Path) -> int:
     _header(trainer, out)
     if args.track_heads:
         from attnlab.explain.training import track_heads
@@ -119,6 +130,9 @@ def _check_schedule(args) -> None:
         raise AttnlabError(f"--warmup-steps: expected 0 or more, got {args.warmup_steps}")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         raise AttnlabError(f"--dropout: expected a probability in [0, 1), got {args.dropout}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):  # once, before any worker starts
+        raise AttnlabError(f"--timeout: expected a positive number of seconds, got "
+                           f"{args.timeout}")
 
 
 def _nproc(args) -> int:
@@ -140,11 +154,11 @@ def _check_out(args, out: Path) -> None:
     from attnlab.models.checkpoint import META_FILE, check_writable
 
     if args.resume:
-        if not (out / META_FILE).is_file():
+        if not os.path.lexists(out / META_FILE):  # a directory or FIFO there: the loader says so
             raise AttnlabError(f"--resume: no checkpoint in {str(out)!r} to resume")
         if args.seed is not None:
             raise AttnlabError("--seed: a resumed run keeps the seed it started with")
-    elif (out / META_FILE).exists():
+    elif os.path.lexists(out / META_FILE):
         raise AttnlabError(f"--out: {str(out)!r} already holds a checkpoint; pass --resume to "
                            "continue it or choose another --out")
     check_writable(out, "--out")
@@ -229,28 +243,32 @@ def _worker_args(args, out: Path, nproc: int) -> list[str]:
 def _launch(args, out: Path, nproc: int) -> int:
     from attnlab.errors import AttnlabError
     from attnlab.models.launch import INTERRUPTED, launch
+    from attnlab.models.run_lock import RunLock
 
-    try:  # after Ctrl-C the workers finish the step and save: give them --timeout for it
-        launch(_worker_args(args, out, nproc), nproc, threads=args.threads or 1,
-               grace_s=args.timeout)
-    except AttnlabError as e:
-        raise AttnlabError(f"{e}. {_resume_hint(out, nproc, args.cp)}") from None
-    except KeyboardInterrupt:
-        print(f"attnlab train: interrupted. {_resume_hint(out, nproc, args.cp)}", file=sys.stderr)
-        return INTERRUPTED
+    # the launcher holds the directory's lock for its workers: rank 0 writes under it, and a
+    # second run on the directory is refused while this one lives
+    with RunLock(out, what="--out"):
+        try:  # after Ctrl-C the workers finish the step and save: give them --timeout for it
+            launch(_worker_args(args, out, nproc), nproc, threads=args.threads or 1,
+                   grace_s=args.timeout)
+        except AttnlabError as e:
+            raise AttnlabError(f"{e}. {_resume_hint(out, nproc, args.cp)}") from None
+        except KeyboardInterrupt:
+            print(f"attnlab train: interrupted. {_resume_hint(out, nproc, args.cp)}",
+                  file=sys.stderr)
+            return INTERRUPTED
     return 0
 
 
 def _resume_hint(out: Path, nproc: int, cp: int) -> str:
-    import json
-
-    from attnlab.models.checkpoint import META_FILE
+    from attnlab.errors import AttnlabError
+    from attnlab.models.checkpoint_checks import parse_doc
     from attnlab.models.launch import LOCAL_LAUNCH_ENV
     from attnlab.models.parallel import launched
 
-    try:
-        step = json.loads((out / META_FILE).read_text())["state"]["step"]
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # the checked reader: it neither blocks on a FIFO nor recurses without bound
+        step = parse_doc(out)["state"]["step"]
+    except AttnlabError:
         return f"No checkpoint was saved to {out}"
     if launched() and LOCAL_LAUNCH_ENV not in os.environ:  # a worker of the user's torchrun
         return (f"{out} keeps the checkpoint of step {step}; continue with the same torchrun "
@@ -282,7 +300,10 @@ def _first_words(e: Exception) -> str:
 def _worker(args, out: Path) -> int:
     """One rank of a torchrun / --nproc job: join the group, train, leave."""
     from attnlab.errors import AttnlabError
+    from attnlab.models.launch import die_with_launcher
     from attnlab.models.parallel import setup
+
+    die_with_launcher()  # our launcher killed (kill -9 too): this worker stops at once
 
     world = int(os.environ["WORLD_SIZE"])
     if getattr(args, "track_heads", False):

@@ -125,6 +125,18 @@ class HeadStats:
             raise AttnlabError(f"statistic {name!r}: expected one of {', '.join(STATS)}")
         return self.stats[name]
 
+    def ranked(self, sort: str) -> list[tuple[int, int]]:
+        """(layer, head) pairs by statistic `sort` descending; NaN last; ties in layer, head
+        order (the rows of the heads table)."""
+        values = self[sort]
+        pairs = [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
+
+        def key(p):
+            v = float(values[p])
+            return (math.isnan(v), -v if not math.isnan(v) else 0.0, p)
+
+        return sorted(pairs, key=key)
+
     def to_json(self) -> dict:
         """{"model", "texts", "layers", "heads", "stats": {name: [[value per head] per layer]},
         "labels": [[...]]}; NaN becomes null, offsets are ints."""

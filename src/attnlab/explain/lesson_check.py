@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnlab.explain.lesson_records import Borrow, Check, Compare, Question, Section
 from attnlab.formats import pct, vec
 from attnlab.tracing import trace
 
@@ -27,11 +28,11 @@ def _direction(query) -> dict:
     return {name: {"vector": v.tolist(), "dot": float(q @ v)} for name, v in pairs.items()}
 
 
-def _values_do_not_decide(s_compare, s_borrow) -> dict:
+def _values_do_not_decide(s_compare: Compare, s_borrow: Borrow) -> dict:
     """Weights with the lesson's values, and with every value multiplied by 10 and shuffled."""
-    q = [s_compare["query"]]
-    keys = [r["key"] for r in s_compare["rows"]]
-    values = [sh["value"] for sh in s_borrow["shares"]]
+    q = [s_compare.query]
+    keys = [r.key for r in s_compare.rows]
+    values = [sh.value for sh in s_borrow.shares]
     a = trace(q, keys, values).weights[0]
     b = trace(q, keys, (10 * np.asarray(values))[::-1]).weights[0]
     moved = [list(keys[0]), *keys[1:]]
@@ -58,49 +59,49 @@ def _scaling(dims=(2, 64), samples: int = 4000, seed: int = 0) -> dict:
             "top_weight_scaled": float(scaled.max())}
 
 
-def section_check(s: dict) -> dict:
-    """Both lessons' check-yourself questions; `s` maps section name -> that section's data."""
+def section_check(s: dict[str, Section]) -> Check:
+    """Both lessons' check-yourself questions; `s` maps section name -> that section's record."""
     cmp_, soft, borrow, causal, heads = s["compare"], s["scale"], s["borrow"], s["mask"], \
         s["heads"]
-    toks, w = soft["tokens"], soft["scaled_weights"]
-    best = cmp_["best_match"]
+    toks, w = soft.tokens, soft.scaled_weights
+    best = cmp_.best_match
     ib = toks.index(best)
-    ctx = borrow["context"]
-    future = float(np.triu(np.asarray(causal["weights"]), 1).sum())
-    direction = _direction(cmp_["query"])
+    ctx = borrow.context
+    future = float(np.triu(np.asarray(causal.weights), 1).sum())
+    direction = _direction(cmp_.query)
     values = _values_do_not_decide(cmp_, borrow)
     scaling = _scaling()
     divide = s["normalize"]
-    cat = cmp_["rows"][ib]
-    hs = heads["heads"]
+    cat = cmp_.rows[ib]
+    hs = heads.heads
     qa = [
         (FIRST, "Why does the word it need attention in the cat example?",
-         f'Alone, "it" is unclear. Its query scores highest with {best} ({cat["arithmetic"]}), '
+         f'Alone, "it" is unclear. Its query scores highest with {best} ({cat.arithmetic}), '
          f"so after softmax it borrows {pct(w[ib], 0)} of its new meaning from {best}.",
-         {"best_match": best, "score": cat["score"], "weight": w[ib]}),
+         {"best_match": best, "score": cat.score, "weight": w[ib]}),
         (FIRST, "What are attention weights like in plain language?",
          f"Percentages of focus: {_recipe(toks, w)} = {pct(sum(w), 0)}.",
          {"weights": w}),
         (FIRST, "What is a context vector?",
          f'The updated "it" after borrowing: {vec(ctx)}, i.e. {pct(ctx[0], 0)} '
-         f'"{borrow["value_meaning"][0]}" and {pct(ctx[1], 0)} "{borrow["value_meaning"][1]}".',
+         f'"{borrow.value_meaning[0]}" and {pct(ctx[1], 0)} "{borrow.value_meaning[1]}".',
          {"context": ctx}),
         (FIRST, "What do query, key, and value mean?",
-         f'Query = what "it" looks for {vec(cmp_["query"])}; key = what {best} can be matched '
-         f'by {vec(cat["key"])}; value = what {best} gives {vec(borrow["shares"][ib]["value"])}.',
-         {"query": cmp_["query"], "key": cat["key"], "value": borrow["shares"][ib]["value"]}),
+         f'Query = what "it" looks for {vec(cmp_.query)}; key = what {best} can be matched '
+         f'by {vec(cat.key)}; value = what {best} gives {vec(borrow.shares[ib].value)}.',
+         {"query": cmp_.query, "key": cat.key, "value": borrow.shares[ib].value}),
         (FIRST, "What does causal masking prevent?",
          f"Looking at future tokens: the weights on later tokens add up to {future:g}; "
-         f'"{causal["tokens"][0]}" can only look at itself ({pct(causal["weights"][0][0], 0)}).',
+         f'"{causal.tokens[0]}" can only look at itself ({pct(causal.weights[0][0], 0)}).',
          {"future_weight": future}),
         (FIRST, "What is multi-head attention?",
          "Several attention heads at once, each with its own projections: "
-         + "; ".join(f'head {h["name"]} sends "it" {pct(h["top_weight"], 0)} to {h["top_token"]}'
+         + "; ".join(f'head {h.name} sends "it" {pct(h.top_weight, 0)} to {h.top_token}'
                      for h in hs) + ".",
-         {"heads": {h["name"]: [h["top_token"], h["top_weight"]] for h in hs}}),
+         {"heads": {h.name: [h.top_token, h.top_weight] for h in hs}}),
         (MATH, "If two vectors point in a similar direction, should their dot product be high or "
          "low?",
-         "High: " + ", ".join(f'{vec(cmp_["query"])}·{vec(d["vector"])} = {d["dot"]:g} ({n})'
+         "High: " + ", ".join(f'{vec(cmp_.query)}·{vec(d["vector"])} = {d["dot"]:g} ({n})'
                               for n, d in direction.items()) + ".",
          direction),
         (MATH, "Why should attention weights add up to 1?",
@@ -114,12 +115,12 @@ def section_check(s: dict) -> dict:
          values),
         (MATH, "What does softmax do to raw attention scores?",
          f'Makes them positive weights summing to 1, stronger scores getting more: scores '
-         f'{vec(divide["scores"])} become {", ".join(pct(x, 0) for x in divide["softmax"])}, '
-         f'where dividing by the total gave {", ".join(pct(x, 0) for x in divide["divided"])}.',
-         {"softmax": divide["softmax"], "divided": divide["divided"]}),
+         f'{vec(divide.scores)} become {", ".join(pct(x, 0) for x in divide.softmax)}, '
+         f'where dividing by the total gave {", ".join(pct(x, 0) for x in divide.divided)}.',
+         {"softmax": divide.softmax, "divided": divide.divided}),
         (MATH, "What gets mixed to create the context vector?",
          "The value vectors, weighted: " + " + ".join(
-             f'{sh["weight"]:.3f}*{vec(sh["value"])}' for sh in borrow["shares"])
+             f'{sh.weight:.3f}*{vec(sh.value)}' for sh in borrow.shares)
          + f" = {vec(ctx)}.",
          {"context": ctx}),
         (MATH, "Why are scores scaled before softmax?",
@@ -131,7 +132,6 @@ def section_check(s: dict) -> dict:
          f'scaled, {pct(scaling["top_weight_scaled"], 0)}.',
          scaling),
     ]
-    return {"name": "check", "title": "Check yourself: the lessons' questions, answered with "
-            "these numbers",
-            "questions": [{"lesson": lesson, "question": q, "answer": a, "numbers": n}
-                          for lesson, q, a, n in qa]}
+    return Check(title="Check yourself: the lessons' questions, answered with these numbers",
+                 questions=[Question(lesson=lesson, question=q, answer=a, numbers=n)
+                            for lesson, q, a, n in qa])

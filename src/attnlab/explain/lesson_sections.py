@@ -9,8 +9,8 @@ The sections are the lesson's steps, named as everywhere in attnlab (code, CLI, 
 compare (query · key), normalize (why softmax and not division by the total), scale (softmax with
 and without 1/sqrt(d)), borrow (the weighted sum of values), mask (causal), then heads (two heads
 at once) and check (the lessons' questions answered). Each `section_*` function returns its
-section as JSON-ready data (lists, floats, strings), which the terminal text, `--json` and the
-lesson page read; `build_lesson` returns all sections in the lesson's order.
+section as a record (`attnlab.explain.lesson_records`), which the terminal text, `--json`
+(`to_json()`) and the lesson page read; `build_lesson` returns all sections in the lesson's order.
 """
 
 from __future__ import annotations
@@ -18,6 +18,18 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab.explain.lesson_check import section_check
+from attnlab.explain.lesson_records import (
+    Borrow,
+    Compare,
+    CompareRow,
+    HeadExample,
+    Heads,
+    Mask,
+    Normalize,
+    Scale,
+    Section,
+    Share,
+)
 from attnlab.masks import causal
 from attnlab.tracing import Trace, trace
 
@@ -57,64 +69,63 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def section_compare() -> dict:
+def section_compare() -> Compare:
     t = lesson_trace()
     rows = []
     for tok, key, score in zip(KEY_TOKENS, KEYS, t.scores[0]):
         terms = " + ".join(f"{_num(a)}*{_num(b)}" for a, b in zip(QUERY, key))
-        rows.append({"token": tok, "key": key, "arithmetic": f"{terms} = {_num(score)}",
-                     "score": float(score)})
+        rows.append(CompareRow(token=tok, key=key, arithmetic=f"{terms} = {_num(score)}",
+                               score=float(score)))
     best = KEY_TOKENS[int(np.argmax(t.scores[0]))]
-    return {"name": "compare", "title": "Compare: the query for \"it\" against every key",
-            "query_token": QUERY_TOKEN, "query": QUERY, "rows": rows, "best_match": best}
+    return Compare(title="Compare: the query for \"it\" against every key",
+                   query_token=QUERY_TOKEN, query=QUERY, rows=rows, best_match=best)
 
 
-def section_normalize() -> dict:
+def section_normalize() -> Normalize:
     s = np.asarray(NEGATIVE_SCORES)
     divided = s / s.sum()
     soft = trace([[1.0]], [[x] for x in NEGATIVE_SCORES], [[0.0]] * 3, scale=1.0).weights[0]
-    return {"name": "normalize", "title": "Normalize: why not just divide by the total?",
-            "scores": s.tolist(), "total": float(s.sum()), "divided": divided.tolist(),
-            "softmax": soft.tolist(),
-            "problem": "dividing by the total gives a negative weight and one above 100%",
-            "has_negative": bool((divided < 0).any())}
+    return Normalize(title="Normalize: why not just divide by the total?",
+                     scores=s.tolist(), total=float(s.sum()), divided=divided.tolist(),
+                     softmax=soft.tolist(),
+                     problem="dividing by the total gives a negative weight and one above 100%",
+                     has_negative=bool((divided < 0).any()))
 
 
-def section_scale() -> dict:
+def section_scale() -> Scale:
     raw, scaled = lesson_trace(scale=1.0), lesson_trace(scale=None)
-    return {"name": "scale", "title": "Scale: softmax turns scores into percentages, cooled by "
-            "1/sqrt(d)",
-            "tokens": KEY_TOKENS, "scores": raw.scores[0].tolist(),
-            "weights": raw.weights[0].tolist(), "sum": float(raw.weights[0].sum()),
-            "scale": scaled.scale, "head_dim": len(QUERY),
-            "scaled_scores": scaled.scaled_scores[0].tolist(),
-            "scaled_weights": scaled.weights[0].tolist()}
+    return Scale(title="Scale: softmax turns scores into percentages, cooled by 1/sqrt(d)",
+                 tokens=KEY_TOKENS, scores=raw.scores[0].tolist(),
+                 weights=raw.weights[0].tolist(), sum=float(raw.weights[0].sum()),
+                 scale=scaled.scale, head_dim=len(QUERY),
+                 scaled_scores=scaled.scaled_scores[0].tolist(),
+                 scaled_weights=scaled.weights[0].tolist())
 
 
-def section_borrow() -> dict:
+def section_borrow() -> Borrow:
     t = lesson_trace(scale=None)
     w = t.weights[0]
-    shares = [{"token": tok, "weight": float(wi), "value": v,
-               "contribution": (wi * np.asarray(v)).tolist()}
+    shares = [Share(token=tok, weight=float(wi), value=v,
+                    contribution=(wi * np.asarray(v)).tolist())
               for tok, wi, v in zip(KEY_TOKENS, w, VALUES)]
-    return {"name": "borrow", "title": "Borrow: the weighted sum of values is the context vector",
-            "value_meaning": VALUE_MEANING, "shares": shares,
-            "context": t.output[0].tolist(), "scale": t.scale}
+    return Borrow(title="Borrow: the weighted sum of values is the context vector",
+                  value_meaning=VALUE_MEANING, shares=shares, context=t.output[0].tolist(),
+                  scale=t.scale)
 
 
-def section_mask() -> dict:
+def section_mask() -> Mask:
     n = len(CAUSAL_TOKENS)
     allowed = causal().to_dense(n, n)[0, 0]  # (L, S)
     # one shared key per token, so only the mask changes the weights
     keys = np.linspace(0.0, 1.5, n)[:, None]
     t = trace(np.ones((n, 1)), keys, np.eye(n), mask=causal(), scale=1.0, tokens=CAUSAL_TOKENS)
-    return {"name": "mask", "title": "Mask: the causal mask, no peeking ahead",
-            "tokens": CAUSAL_TOKENS, "allowed": allowed.tolist(),
-            "sees": [[CAUSAL_TOKENS[j] for j in range(n) if allowed[i, j]] for i in range(n)],
-            "weights": t.weights.tolist()}
+    return Mask(title="Mask: the causal mask, no peeking ahead",
+                tokens=CAUSAL_TOKENS, allowed=allowed.tolist(),
+                sees=[[CAUSAL_TOKENS[j] for j in range(n) if allowed[i, j]] for i in range(n)],
+                weights=t.weights.tolist())
 
 
-def section_heads() -> dict:
+def section_heads() -> Heads:
     x = np.array([EMBEDDINGS[t] for t in HEAD_TOKENS], dtype=float)  # (L, 4)
     wq = np.array([HEADS[h][1] for h in HEADS], dtype=float)  # (H, 4, 2)
     wk = np.array([HEADS[h][2] for h in HEADS], dtype=float)
@@ -125,15 +136,15 @@ def section_heads() -> dict:
     heads = []
     for h, (name, (looks_for, wq_h, wk_h)) in enumerate(HEADS.items()):
         row = t.weights[h, i]
-        heads.append({"name": name, "looks_for": looks_for, "w_q": wq_h, "w_k": wk_h,
-                      "query": q[h, i].tolist(), "keys": k[h].tolist(),
-                      "scores": t.scores[h, i].tolist(), "weights": row.tolist(),
-                      "top_token": HEAD_TOKENS[int(np.argmax(row))],
-                      "top_weight": float(row.max())})
-    return {"name": "heads", "title": "Two heads: different projections, different patterns",
-            "tokens": HEAD_TOKENS, "features": FEATURES,
-            "embeddings": [EMBEDDINGS[tok] for tok in HEAD_TOKENS], "query_token": QUERY_TOKEN,
-            "scale": t.scale, "heads": heads}
+        heads.append(HeadExample(name=name, looks_for=looks_for, w_q=wq_h, w_k=wk_h,
+                                 query=q[h, i].tolist(), keys=k[h].tolist(),
+                                 scores=t.scores[h, i].tolist(), weights=row.tolist(),
+                                 top_token=HEAD_TOKENS[int(np.argmax(row))],
+                                 top_weight=float(row.max())))
+    return Heads(title="Two heads: different projections, different patterns",
+                 tokens=HEAD_TOKENS, features=FEATURES,
+                 embeddings=[EMBEDDINGS[tok] for tok in HEAD_TOKENS], query_token=QUERY_TOKEN,
+                 scale=t.scale, heads=heads)
 
 
 SECTIONS = {
@@ -147,8 +158,8 @@ SECTIONS = {
 }
 
 
-def build_lesson(sections=None) -> list[dict]:
-    """The lesson's sections as data, in order (all of them, or the named ones)."""
+def build_lesson(sections=None) -> list[Section]:
+    """The lesson's sections as records, in order (all of them, or the named ones)."""
     names = list(sections or SECTIONS)
     done = {name: SECTIONS[name]() for name in names if name != "check"}
     if "check" in names:  # answered from the numbers the other sections just computed

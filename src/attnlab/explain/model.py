@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from attnlab.adapters import hf
 from attnlab.adapters.recording import record
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
@@ -137,8 +138,6 @@ def _load_hf(where: str, name: str, is_dir: bool) -> LoadedModel:
     except ImportError:
         raise AttnlabError("running Hugging Face models needs transformers: "
                            "pip install 'attnlab[hf]'") from None
-    from attnlab.adapters import hf
-
     hf.register()
     try:
         config = transformers.AutoConfig.from_pretrained(where, local_files_only=True)

@@ -5,7 +5,8 @@ Works on `ModelAttention`, so Hugging Face models and GPTs attnlab trained share
     >>> att = run_model("The cat sat on the mat because it was tired.")
     >>> focus = find_token(att.tokens, "it")
     >>> report = explain_token(att, focus, special={"[CLS]", "[SEP]"})
-    >>> report["detail"]["layer"], report["detail"]["head"]
+    >>> report.detail.layer, report.detail.head
+    >>> report.to_json()          # what `attnlab explain --json` prints
 
 Ranking ("the top-ranked head"): the head that puts the largest weight on any one other token,
 not counting the token itself and the model's special tokens ([CLS], [SEP], <s>...), where many
@@ -16,11 +17,115 @@ that neighbour whatever the word, so it says little about this word.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import numpy as np
 
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
 from attnlab.tracing import jsonable
+
+
+@dataclass
+class TokenHead:
+    """Token `index` and the head (layer, head) giving it the most of the focus token's attention,
+    that `weight`, whether it is that head's largest weight (`top_pick`), and whether the focus
+    may attend the token at all (`allowed`)."""
+
+    index: int
+    token: str
+    layer: int
+    head: int
+    weight: float
+    top_pick: bool
+    allowed: bool
+
+
+@dataclass
+class RankedHead:
+    """A head of the ranking: its largest `weight` on one counted `token` (an index)."""
+
+    layer: int
+    head: int
+    token: int
+    weight: float
+
+
+@dataclass
+class PositionalHead:
+    """A head whose favourite key sits `offset` tokens from the query, whatever the word."""
+
+    layer: int
+    head: int
+    offset: int
+
+
+@dataclass
+class HeadWeights:
+    """One head's weights (S,) from the focus token; None where NaN."""
+
+    layer: int
+    head: int
+    weights: list
+
+
+@dataclass
+class Contribution:
+    """weight_j · value_j of token `index`: its length `norm` and its `share`, the projection on
+    the context vector (all shares add up to 1)."""
+
+    index: int
+    token: str
+    weight: float
+    norm: float
+    share: float
+
+
+@dataclass
+class HeadDetail:
+    """The lesson's steps for one head, filled from the model, for the focus token over every key:
+    compare (`scores` = q·k), scale (`scaled_scores`, times `scale`), mask (`mask`, True = may
+    attend), normalize (`weights`, softmax recomputed in float64; `model_weights` the model's),
+    borrow (`contributions`, largest first, and the context vector's length `context_norm`).
+    `why` says how the head was chosen."""
+
+    layer: int
+    head: int
+    scale: float
+    scores: list[float]
+    scaled_scores: list[float]
+    mask: list[bool]
+    weights: list[float]
+    model_weights: list[float]
+    context_norm: float
+    contributions: list[Contribution]
+    why: str = ""
+
+
+@dataclass
+class ExplainReport:
+    """Everything `attnlab explain` shows: the text as `tokens`, the word's `pieces` and the token
+    speaking for it (`focus`), the `target`'s pieces (or None), the `special` token indices, every
+    head's weights from the focus (`heads`), the best head per token (`per_token`), the `ranking`,
+    the `positional_heads` left out of it, and one head in `detail`. `to_json()` is the JSON of
+    `attnlab explain --json`."""
+
+    model: str
+    word: str
+    tokens: list[str]
+    focus: int
+    pieces: list[int]
+    target: list[int] | None
+    special: list[int]
+    causal: bool
+    heads: list[HeadWeights]
+    per_token: list[TokenHead]
+    ranking: list[RankedHead]
+    positional_heads: list[PositionalHead]
+    detail: HeadDetail
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 def _norm(piece: str) -> str:
@@ -136,15 +241,15 @@ def rank_heads(att: ModelAttention, focus: int, special=()) -> list[tuple[int, i
     return sorted(rows, key=lambda r: -r[3])
 
 
-def best_head_per_token(att: ModelAttention, focus: int) -> list[dict]:
+def best_head_per_token(att: ModelAttention, focus: int) -> list[TokenHead]:
     """For each token: the head giving it the most of `focus`'s attention, that weight, and
     whether it is that head's largest weight (`top_pick`: the head borrows mostly from it)."""
     w = att.weights[:, :, focus, :].reshape(-1, att.weights.shape[-1])  # (layers*H, S)
     top = w.argmax(axis=0)
     favourite = w.argmax(axis=1)  # (layers*H,)
-    return [{"index": j, "token": tok, "layer": int(top[j] // att.n_heads),
-             "head": int(top[j] % att.n_heads), "weight": float(w[top[j], j]),
-             "top_pick": bool(favourite[top[j]] == j), "allowed": bool(att.mask[focus, j])}
+    return [TokenHead(index=j, token=tok, layer=int(top[j] // att.n_heads),
+                      head=int(top[j] % att.n_heads), weight=float(w[top[j], j]),
+                      top_pick=bool(favourite[top[j]] == j), allowed=bool(att.mask[focus, j]))
             for j, tok in enumerate(att.tokens)]
 
 
@@ -155,7 +260,8 @@ def target_head(att: ModelAttention, focus: int, target: list[int]) -> tuple[int
     return int(l), int(h)
 
 
-def head_detail(att: ModelAttention, focus: int, layer: int, head: int, top: int = 5) -> dict:
+def head_detail(att: ModelAttention, focus: int, layer: int, head: int,
+                top: int = 5) -> HeadDetail:
     """The lesson's table for one head, filled from the model: focus's score with every key,
     scaled, masked, as a percentage, and the largest contributions to its context vector.
 
@@ -170,17 +276,17 @@ def head_detail(att: ModelAttention, focus: int, layer: int, head: int, top: int
     share = parts @ context / denom  # (S,)
     norm = np.linalg.norm(parts, axis=-1)
     order = np.argsort(-norm)[: max(int(top), 0)]
-    return {
-        "layer": layer, "head": head, "scale": float(att.scale),
-        "scores": t.scores[focus].tolist(), "scaled_scores": t.scaled_scores[focus].tolist(),
-        "mask": att.layer_mask(layer)[focus].astype(bool).tolist(),
-        "weights": t.weights[focus].tolist(),
-        "model_weights": att.weights[layer, head, focus].tolist(),
-        "context_norm": float(np.sqrt(denom)) if context.any() else 0.0,
-        "contributions": [{"index": int(j), "token": att.tokens[j],
-                           "weight": float(t.weights[focus][j]), "norm": float(norm[j]),
-                           "share": float(share[j])} for j in order],
-    }
+    return HeadDetail(
+        layer=layer, head=head, scale=float(att.scale),
+        scores=t.scores[focus].tolist(), scaled_scores=t.scaled_scores[focus].tolist(),
+        mask=att.layer_mask(layer)[focus].astype(bool).tolist(),
+        weights=t.weights[focus].tolist(),
+        model_weights=att.weights[layer, head, focus].tolist(),
+        context_norm=float(np.sqrt(denom)) if context.any() else 0.0,
+        contributions=[Contribution(index=int(j), token=att.tokens[j],
+                                    weight=float(t.weights[focus][j]), norm=float(norm[j]),
+                                    share=float(share[j])) for j in order],
+    )
 
 
 def _check_head(att: ModelAttention, layer: int, head: int) -> tuple[int, int]:
@@ -196,8 +302,8 @@ def _check_head(att: ModelAttention, layer: int, head: int) -> tuple[int, int]:
 
 def explain_token(att: ModelAttention, word: str | int, *, target: str | int | None = None,
                   layer: int | None = None, head: int | None = None, top: int = 5,
-                  special=()) -> dict:
-    """Everything `attnlab explain` shows, as JSON-ready data.
+                  special=()) -> ExplainReport:
+    """Everything `attnlab explain` shows, as an `ExplainReport`.
 
     The detail head is (layer, head) when both are given, else the head that borrows most from
     `target`, else the top-ranked head (see the module docstring). `special`: token strings left
@@ -220,18 +326,18 @@ def explain_token(att: ModelAttention, word: str | int, *, target: str | int | N
         chosen = (l, h)
         why = f"the top-ranked head: {100 * w:.1f}% on {att.tokens[j]!r}"
     detail = head_detail(att, focus, *chosen, top=top)
-    detail["why"] = why
-    return {
-        "model": att.model_name, "word": str(word), "tokens": list(att.tokens), "focus": focus,
-        "pieces": pieces, "target": target_pieces,
-        "special": [j for j, t in enumerate(att.tokens) if t in special],
-        "causal": bool(att.causal),
-        "heads": [{"layer": l, "head": h, "weights": jsonable(att.weights[l, h, focus])}
-                  for l in range(att.n_layers) for h in range(att.n_heads)],
-        "per_token": best_head_per_token(att, focus),
-        "ranking": [{"layer": l, "head": h, "token": j, "weight": w}
-                    for l, h, j, w in ranking[: max(int(top), 1)]],
-        "positional_heads": [{"layer": l, "head": h, "offset": o}
-                             for (l, h), o in sorted(positional_heads(att, special).items())],
-        "detail": detail,
-    }
+    detail.why = why
+    return ExplainReport(
+        model=att.model_name, word=str(word), tokens=list(att.tokens), focus=focus,
+        pieces=pieces, target=target_pieces,
+        special=[j for j, t in enumerate(att.tokens) if t in special],
+        causal=bool(att.causal),
+        heads=[HeadWeights(layer=l, head=h, weights=jsonable(att.weights[l, h, focus]))
+               for l in range(att.n_layers) for h in range(att.n_heads)],
+        per_token=best_head_per_token(att, focus),
+        ranking=[RankedHead(layer=l, head=h, token=j, weight=w)
+                 for l, h, j, w in ranking[: max(int(top), 1)]],
+        positional_heads=[PositionalHead(layer=l, head=h, offset=o)
+                          for (l, h), o in sorted(positional_heads(att, special).items())],
+        detail=detail,
+    )

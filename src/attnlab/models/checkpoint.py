@@ -16,7 +16,9 @@ A load trusts nothing in the directory (see `checkpoint_checks`): file names mus
 inside it, each tensor file must match its recorded SHA-256, parse, hold finite values of the
 shapes the config needs, and carry the step attnlab.json names. Checkpoints of format version 1
 (written before hashes were recorded) load without the hash check; the next save records them.
-Caution: one process saves to a directory at a time; a second one would delete the first's files.
+Caution: one process may save to a directory at a time (a second would delete the first's
+files): `Trainer` holds the directory's lock (`run_lock`) while it trains and saves;
+`save_checkpoint` called directly does not lock.
 """
 
 from __future__ import annotations
@@ -184,23 +186,30 @@ def read_checkpoint(path, *, with_trainer: bool = False) -> Checkpoint:
     file and the fault for anything that does not check out."""
     st = _safetensors()
     p = Path(path)
-    if not (p / META_FILE).is_file():
+    if not os.path.lexists(p / META_FILE):  # anything else standing there is reported below
         refusal = pickle_refusal(p)
         if refusal:
             raise AttnlabError(f"checkpoint: {p}: {refusal}")
         raise AttnlabError(f"checkpoint: no attnlab checkpoint at {str(path)!r} (expected a "
                            f"directory with {META_FILE} and the weights it names)")
     doc = parse_doc(p)
+    # the config bounds the tensor files' size before they are read into memory
+    config = checked_config(p / META_FILE, "model", GPTConfig.from_dict, doc["model"])
     tensors = {}
     for kind in ["model"] + (["trainer"] if with_trainer else []):
         name = doc["files"].get(kind)
         if not name:
             raise AttnlabError(f"checkpoint: {p} has no {kind} state; it cannot be resumed")
-        if not (p / name).is_file():
-            raise AttnlabError(f"checkpoint: {p / name}, named in {META_FILE}, is missing")
         want = doc["sha256"][kind] if doc["version"] >= 2 else None
-        tensors[kind] = read_tensor_file(st, p / name, want, doc["state"]["step"])
+        tensors[kind] = read_tensor_file(st, p / name, want, doc["state"]["step"],
+                                         max_bytes=_max_file_bytes(config))
     return Checkpoint(p, doc, tensors["model"], tensors.get("trainer"))
+
+
+def _max_file_bytes(config: GPTConfig) -> int:
+    """More than any tensor file of a model of `config` can hold: float64 weights, or AdamW's
+    two moments of each, with room for biases, norms and the RNG state."""
+    return 3 * 8 * (config.approx_params() * 5 // 4 + (1 << 20))
 
 
 def model_from_checkpoint(ck: Checkpoint, *, dropout: float | None = None):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import torch
@@ -24,6 +26,8 @@ FORMAT = "attnlab-gpt"
 VERSION, READABLE_VERSIONS = 2, (1, 2)
 KINDS = ("model", "trainer")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: the largest attnlab.json read (its training history grows ~70 bytes a step)
+MAX_META_BYTES = 256 << 20
 
 
 #: weights saved with pickle (torch.save): loading one can run any code, so attnlab never does
@@ -51,15 +55,63 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_file(p: Path, name: str, limit: int | None = None) -> bytes:
+    """The bytes of file `name` in checkpoint directory `p`: a regular file (a link only to one
+    inside `p`), at most `limit` bytes. Never blocks on a FIFO; says what stands there instead."""
+    path = p / name
+    if path.is_symlink() and path.resolve().parent != p.resolve():
+        raise AttnlabError(f"checkpoint: {path} is a link to {path.resolve()}, outside the "
+                           "checkpoint directory")
+    try:  # O_NONBLOCK: opening a FIFO returns at once, and fstat tells what was opened
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise AttnlabError(f"checkpoint: {path}, named in {META_FILE}, is missing"
+                           if name != META_FILE else f"checkpoint: {path} is missing") from None
+    except OSError as e:
+        raise AttnlabError(f"checkpoint: cannot read {path} ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AttnlabError(f"checkpoint: {path} is {_file_kind(st.st_mode)}, not a regular "
+                               "file")
+        if limit is not None and st.st_size > limit:
+            raise AttnlabError(f"checkpoint: {path} is {st.st_size:,} bytes, more than the "
+                               f"{limit:,} attnlab reads for it")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = None
+            return f.read() if limit is None else f.read(limit + 1)
+    except OSError as e:
+        raise AttnlabError(f"checkpoint: cannot read {path} ({e.strerror or e})") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def parse_doc(p: Path) -> dict:
     """attnlab.json of directory `p`, checked field by field."""
     meta = p / META_FILE
+    data = read_file(p, META_FILE, MAX_META_BYTES)
+    if len(data) > MAX_META_BYTES:  # it grew between fstat and read
+        raise AttnlabError(f"checkpoint: {meta} is more than the {MAX_META_BYTES:,} bytes "
+                           "attnlab reads")
     try:
-        doc = json.loads(meta.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise AttnlabError(f"checkpoint: cannot read {meta} ({e.strerror or e})") from None
+        doc = json.loads(data.decode("utf-8"))
     except ValueError as e:  # bad JSON or bad UTF-8
         raise AttnlabError(f"checkpoint: {meta} is not valid JSON ({e})") from None
+    except RecursionError:  # the decoder recurses once per level of [ or {
+        raise AttnlabError(f"checkpoint: {meta} is not a checkpoint's JSON: it is nested "
+                           "deeper than the decoder's limit") from None
     if not isinstance(doc, dict):
         raise AttnlabError(f"checkpoint: {meta}: expected a JSON object, got "
                            f"{type(doc).__name__}")
@@ -119,14 +171,13 @@ def check_file_name(p: Path, label: str, name) -> Path:
     return path
 
 
-def read_tensor_file(st, path: Path, want_sha: str | None, want_step: int) -> dict:
-    """The tensors of one safetensors file, after its hash, format, step and values check out."""
+def read_tensor_file(st, path: Path, want_sha: str | None, want_step: int,
+                     max_bytes: int | None = None) -> dict:
+    """The tensors of one safetensors file (at most `max_bytes`, checked before reading), after
+    its hash, format, step and values check out."""
     from safetensors import SafetensorError
 
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise AttnlabError(f"checkpoint: cannot read {path} ({e.strerror or e})") from None
+    data = read_file(path.parent, path.name, max_bytes)
     if want_sha is not None and sha256(data) != want_sha:
         raise AttnlabError(f"checkpoint: {path} does not match the SHA-256 recorded in "
                            f"{META_FILE}: the file is damaged or was changed")

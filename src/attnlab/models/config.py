@@ -7,9 +7,25 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 from attnlab.errors import AttnlabError, check_dropout, check_positive_int
+
+#: the largest value each size may take: a config from an untrusted checkpoint is checked against
+#: these before anything is built from it, so a tampered number is one clear error, not an
+#: allocation failure or an overflow (far above any model or run this CPU trainer is for)
+LIMITS = {"vocab_size": 1 << 20, "block_size": 1 << 16, "n_layer": 1024, "n_head": 1024,
+          "n_kv_head": 1024, "n_embd": 1 << 15,
+          "max_steps": 10**9, "batch_size": 1 << 16, "eval_interval": 10**9,
+          "eval_batches": 10_000, "warmup_steps": 10**9}
+#: parameters a GPTConfig may describe (4 GiB of float32 weights)
+MAX_PARAMS = 1 << 30
+#: the largest learning rate: AdamW's float32 update overflows into an error near 1e38 (useful
+#: rates are below 1; a huge one diverges, and training stops with a clear error)
+MAX_LR = 1e30
+#: |seed| bound: batch generators are seeded with seed * 1_000_003 + step, inside 64 bits
+MAX_SEED = 1 << 40
 
 #: name -> {"model": GPTConfig fields, "train": TrainConfig fields}
 PRESETS: dict[str, dict[str, dict]] = {
@@ -76,7 +92,7 @@ class GPTConfig:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
-            check_positive_int(f, getattr(self, f))
+            _bounded(f, check_positive_int(f, getattr(self, f)))
         if self.n_embd % self.n_head:
             raise AttnlabError(f"n_head: n_embd {self.n_embd} is not divisible by n_head "
                                f"{self.n_head}")
@@ -87,6 +103,21 @@ class GPTConfig:
         self.head_dim = self.n_embd // self.n_head
         if self.rotary and self.head_dim % 2:
             raise AttnlabError(f"rotary: needs an even head_dim, got {self.head_dim}")
+        _positive_float("rope_base", self.rope_base)
+        params = self.approx_params()
+        if params > MAX_PARAMS:
+            raise AttnlabError(f"n_layer, n_embd, vocab_size: the model would have about "
+                               f"{params:,} parameters ({self.n_layer} layers of n_embd "
+                               f"{self.n_embd}, vocab_size {self.vocab_size}); the limit is "
+                               f"{MAX_PARAMS:,}")
+
+    def approx_params(self) -> int:
+        """About how many parameters the GPT has (embeddings and every layer's matrices)."""
+        E = self.n_embd
+        per_layer = 2 * E * E + 2 * E * self.n_kv_head * self.head_dim  # q, out; k, v
+        if not self.attn_only:
+            per_layer += 8 * E * E  # the MLP: E -> 4E -> E
+        return (self.vocab_size + self.block_size) * E + self.n_layer * per_layer
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> GPTConfig:
@@ -127,9 +158,30 @@ class TrainConfig:
 
     def __post_init__(self):
         for f in ("max_steps", "batch_size", "eval_interval", "eval_batches"):
-            check_positive_int(f, getattr(self, f))
-        if self.warmup_steps < 0:
-            raise AttnlabError(f"warmup_steps: expected >= 0, got {self.warmup_steps!r}")
+            _bounded(f, check_positive_int(f, getattr(self, f)))
+        w = self.warmup_steps
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise AttnlabError(f"warmup_steps: expected an integer >= 0, got {w!r}")
+        _bounded("warmup_steps", w)
+        s = self.seed
+        if isinstance(s, bool) or not isinstance(s, int) or not -MAX_SEED < s < MAX_SEED:
+            raise AttnlabError(f"seed: expected an integer of magnitude below 2**40, got "
+                               f"{s!r:.40}")
+        for f in ("lr", "min_lr", "grad_clip", "weight_decay", "beta1", "beta2", "val_fraction",
+                  "repeat_prob"):
+            _finite(f, getattr(self, f))
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise AttnlabError(f"beta1, beta2: expected numbers in [0, 1), got {self.beta1}, "
+                               f"{self.beta2}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise AttnlabError(f"weight_decay, grad_clip: expected numbers >= 0, got "
+                               f"{self.weight_decay}, {self.grad_clip}")
+        if not isinstance(self.corpus, str):
+            raise AttnlabError(f"corpus: expected a name, got {self.corpus!r:.40}")
+        if self.lr > MAX_LR:
+            raise AttnlabError(f"lr: {self.lr:g} is beyond the limit of {MAX_LR:g}")
+        if self.weight_decay > 1000:  # lr x weight_decay stays inside float32 too
+            raise AttnlabError(f"weight_decay: {self.weight_decay:g} is beyond the limit of 1000")
         if not 0 < self.min_lr <= self.lr:
             raise AttnlabError(f"lr, min_lr: expected 0 < min_lr <= lr, got {self.lr}, "
                                f"{self.min_lr}")
@@ -150,6 +202,24 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
         return cls(**_known(cls, d, "train config"))
+
+
+def _bounded(name: str, value: int) -> int:
+    if value > LIMITS[name]:
+        raise AttnlabError(f"{name}: {value:.3g} is beyond the limit of {LIMITS[name]:,}")
+    return value
+
+
+def _finite(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AttnlabError(f"{name}: expected a finite number, got {value!r:.40}")
+    return value
+
+
+def _positive_float(name: str, value) -> float:
+    if _finite(name, value) <= 0:
+        raise AttnlabError(f"{name}: expected a number > 0, got {value!r}")
+    return value
 
 
 def _known(cls, d: dict, what: str) -> dict:

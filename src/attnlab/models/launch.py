@@ -8,6 +8,11 @@ many. The launcher watches its workers; when one dies (a crash, kill -9) it stop
 launcher passes the SIGINT on to its workers and gives them `grace_s` seconds to finish the step,
 save and exit before it kills them (a second Ctrl-C stops them at once with SIGTERM), then raises
 KeyboardInterrupt; on SIGTERM it stops them at once.
+
+A worker dies with its launcher: killed with kill -9, the launcher cannot stop its workers, so each
+worker arms the kernel's parent-death signal (Linux `prctl(PR_SET_PDEATHSIG)`) and watches its
+parent's pid from a thread (every platform), and ends itself with SIGKILL the moment the launcher
+is gone: no orphan goes on training and saving over the checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import math
 import os
 import signal
 import sys
+import threading
+import time
 import uuid
 
 from attnlab.errors import AttnlabError
@@ -24,6 +31,8 @@ from attnlab.errors import AttnlabError
 #: set in the workers' environment: `attnlab train --nproc` started them, so the launcher, not
 #: rank 0, tells the user how the run ended
 LOCAL_LAUNCH_ENV = "ATTNLAB_LOCAL_LAUNCH"
+#: set in the workers' environment: the launcher's pid; a worker outlives it by at most a poll
+LAUNCHER_PID_ENV = "ATTNLAB_LAUNCHER_PID"
 #: a worker's exit code after Ctrl-C (the shell's 128 + SIGINT)
 INTERRUPTED = 130
 
@@ -47,8 +56,9 @@ def launch(args: list[str], nproc: int, *, threads: int = 1, grace_s: float = 30
     # a failure comes back as the AttnlabError below
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    before = os.environ.get(LOCAL_LAUNCH_ENV)
+    before = {k: os.environ.get(k) for k in (LOCAL_LAUNCH_ENV, LAUNCHER_PID_ENV)}
     os.environ[LOCAL_LAUNCH_ENV] = "1"  # the workers inherit the launcher's environment
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     try:
         elastic_launch(config, sys.executable)("-m", "attnlab", *args)
     except ChildFailedError as e:
@@ -58,10 +68,65 @@ def launch(args: list[str], nproc: int, *, threads: int = 1, grace_s: float = 30
     except SignalException as e:  # Ctrl-C or a termination signal: the agent stopped the workers
         raise KeyboardInterrupt(str(e)) from None
     finally:
-        if before is None:
-            os.environ.pop(LOCAL_LAUNCH_ENV, None)
-        else:
-            os.environ[LOCAL_LAUNCH_ENV] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def die_with_launcher(poll_s: float = 0.25) -> bool:
+    """In a worker started by `launch`: end this process with SIGKILL as soon as the launcher
+    is gone. Returns False (doing nothing) in any other process."""
+    try:
+        launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0"))
+    except ValueError:
+        return False
+    if launcher <= 1:
+        return False
+    if os.getppid() == launcher:  # the launcher started this process itself (torch's way)
+        _parent_death_signal(signal.SIGKILL)
+
+        def gone() -> bool:  # a dead parent's children are reparented at once
+            return os.getppid() != launcher
+    else:  # an intermediate process, or the launcher died already
+
+        def gone() -> bool:
+            return not _alive(launcher)
+
+    if gone():  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch():  # where prctl is missing, and should the kernel's signal not come
+        while not gone():
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="attnlab-launcher-watch", daemon=True).start()
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, under another user
+        return True
+    return True
+
+
+def _parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
 
 
 def describe_failures(failures: dict, nproc: int) -> str:

@@ -8,20 +8,31 @@ prefills them again (a sliding window, recomputed every block_size // 2 tokens).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from attnlab.errors import AttnlabError
 
+#: the most tokens one call generates (the ids are kept in a list and printed at the end)
+MAX_NEW_TOKENS = 1_000_000
 
-def _check(max_new_tokens, temperature, top_k):
+
+def _check(max_new_tokens, temperature, top_k, seed):
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
-            max_new_tokens < 0:
-        raise AttnlabError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise AttnlabError(f"temperature: expected a number >= 0 (0 = greedy), got "
+            not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise AttnlabError(f"max_new_tokens: expected an int in [0, {MAX_NEW_TOKENS:,}], got "
+                           f"{max_new_tokens!r:.40}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            math.isfinite(temperature) and temperature >= 0):
+        raise AttnlabError(f"temperature: expected a finite number >= 0 (0 = greedy), got "
                            f"{temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise AttnlabError(f"top_k: expected a positive int or None, got {top_k!r}")
+        raise AttnlabError(f"top_k: expected a positive int or None, got {top_k!r:.40}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                             or not -(1 << 63) <= int(seed) < 1 << 63):
+        raise AttnlabError(f"seed: expected an int of magnitude below 2**63, got {seed!r:.40}")
 
 
 def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
@@ -42,7 +53,7 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
 def generate(model, ids: list[int], max_new_tokens: int = 200, *, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = 0) -> list[int]:
     """The prompt ids followed by up to max_new_tokens sampled ids (a GPT, batch of one)."""
-    _check(max_new_tokens, temperature, top_k)
+    _check(max_new_tokens, temperature, top_k, seed)
     if not ids:
         raise AttnlabError("prompt: expected at least one token, got an empty prompt")
     model.eval()

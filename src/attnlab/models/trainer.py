@@ -16,6 +16,10 @@ writes checkpoints and shows progress, and no rank goes on before the save has c
 request (`request_stop`, Ctrl-C) travels with the step's loss: every rank learns of it in the same
 step, so all stop after that step and the checkpoint they save is one they agree on.
 Checkpoints are the one-process format: they load in one process and resume under any (D, C).
+
+One writer per run directory: `run` and `save` hold the directory's lock (see
+`attnlab.models.run_lock`; rank 0 alone across processes, or the launcher of `attnlab train
+--nproc` for its workers), and a second trainer on the directory is refused, naming the holder.
 """
 
 from __future__ import annotations
@@ -47,10 +51,15 @@ from attnlab.models.corpus import load_corpus
 from attnlab.models.gpt import GPT
 from attnlab.models.optimizer_state import load_trainer_tensors, trainer_tensors
 from attnlab.models.repeats import repeat_windows
+from attnlab.models.run_lock import RunLock
 from attnlab.models.tokenizer import CharTokenizer
 
 if TYPE_CHECKING:
     from attnlab.models.parallel import Parallel
+
+
+#: tokens in one global batch (batch_size x block_size): 128 MiB of int64 inputs and targets
+MAX_BATCH_TOKENS = 1 << 23
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -98,6 +107,11 @@ class Trainer:
     def __init__(self, model: GPT, tokenizer, data: TokenData, config: TrainConfig, *,
                  out=None, progress: bool = False, parallel: Parallel | None = None):
         self.model, self.tokenizer, self.data, self.config = model, tokenizer, data, config
+        tokens = config.batch_size * model.config.block_size
+        if tokens > MAX_BATCH_TOKENS:  # before any batch is allocated
+            raise AttnlabError(f"batch_size: {config.batch_size} rows of block_size "
+                               f"{model.config.block_size} are {tokens:,} tokens a step; the "
+                               f"limit is {MAX_BATCH_TOKENS:,}")
         self.parallel = parallel
         main = parallel is None or parallel.is_main
         self.out = None if out is None else (check_writable(out, "out") if main else Path(out))
@@ -113,6 +127,8 @@ class Trainer:
         self._stop_requested = False  # this process was asked to stop (Ctrl-C)
         self._stop_agreed = False  # every rank knows: stop after this step
         self._saved_step: int | None = None  # step of the checkpoint in `out`, once there is one
+        # one writer per directory: taken by `run` and `save`, refused while another holds it
+        self._lock = RunLock(self.out) if self.out is not None and main else None
 
     def _distribute(self, par: Parallel) -> None:
         err = None
@@ -243,6 +259,15 @@ class Trainer:
         every rank stops after the same step and rank 0 saves)."""
         cfg = self.config
         end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
+        took = self._take_lock()
+        try:
+            return self._run(end, stop_after, handle_interrupt)
+        finally:
+            if took:
+                self._lock.release()
+
+    def _run(self, end: int, stop_after: int | None, handle_interrupt: bool) -> list[dict]:
+        cfg = self.config
         bar = self._bar(end)
         rate = 0.0
         with self._interrupts(handle_interrupt), contextlib.closing(bar or _NoBar()):
@@ -285,9 +310,11 @@ class Trainer:
         error = None
         if par is None or par.is_main:
             try:
-                tensors = {k: v.cpu() for k, v in trainer_tensors(self.optimizer).items()}
-                save_checkpoint(self.out, self.model, self.tokenizer, train_config=self.config,
-                                state=self.state(), trainer_tensors=tensors)
+                with self.locked():  # a save outside `run` holds the lock while it writes
+                    tensors = {k: v.cpu() for k, v in trainer_tensors(self.optimizer).items()}
+                    save_checkpoint(self.out, self.model, self.tokenizer,
+                                    train_config=self.config, state=self.state(),
+                                    trainer_tensors=tensors)
             except (AttnlabError, OSError) as e:
                 error = e
         if par is not None and not par.all_ok(error is None) and error is None:
@@ -301,6 +328,37 @@ class Trainer:
         return self.out
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _take_lock(self, *, agree: bool = True) -> bool:
+        """Take the run directory's lock (one process, or rank 0) unless it is held already;
+        True when this call took it (the caller releases it). With `agree`, every rank learns
+        whether rank 0 got it, so a refused run stops on every rank at once."""
+        error = None
+        took = self._lock is not None and not self._lock.held
+        if took:
+            try:
+                self._lock.acquire()
+            except AttnlabError as e:
+                error, took = e, False
+        if agree and self.parallel is not None and not self.parallel.all_ok(error is None):
+            error = error or AttnlabError(f"out: rank 0 could not lock {self.out} (see its "
+                                          "message)")
+            error.every_rank = True
+        if error is not None:
+            raise error
+        return took
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the run directory's lock while the block runs (`run` and `save` inside it keep
+        it); AttnlabError naming the holder when another process has it. Across processes only
+        rank 0 locks, with no collective."""
+        took = self._take_lock(agree=False)
+        try:
+            yield
+        finally:
+            if took:
+                self._lock.release()
 
     def _postfix(self, loss, rate):
         post = {"loss": f"{loss:.3f}", "tok/s": f"{rate:,.0f}"}
@@ -357,4 +415,14 @@ def _resume_state(meta: Path, state: dict) -> dict:
             raise AttnlabError(f"checkpoint: {meta}: 'state.{key}' is missing or not a "
                                f"{'list' if kind is list else 'number'} (got "
                                f"{state.get(key)!r:.80})")
+    for key, field in (("history", "loss"), ("val", "val_loss")):
+        for i, entry in enumerate(state[key]):
+            if not (isinstance(entry, dict) and _is_number(entry.get(field))
+                    and _is_number(entry.get("step"))):
+                raise AttnlabError(f"checkpoint: {meta}: 'state.{key}[{i}]' must be an object "
+                                   f"with numbers 'step' and '{field}', got {entry!r:.80}")
     return state
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

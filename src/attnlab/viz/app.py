@@ -7,8 +7,9 @@ loaded once, on first use, and kept; runs are serialised by a lock (torch alread
 
 Caution: a tool for one person on their own machine. It binds to loopback by default, checks the
 Host header (so a web page elsewhere cannot reach it through DNS rebinding), caps request and text
-sizes, closes connections idle for `timeout` seconds, serves at most `max_connections` at once
-(app_server.py), and only runs the models it was started with; it has no authentication and no TLS.
+sizes, gives each request `timeout` seconds to arrive whole (line, headers and body), serves at
+most `max_connections` at once while keeping room for new ones (app_server.py), and only runs the
+models it was started with; it has no authentication and no TLS.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
 from attnlab.errors import AttnlabError
-from attnlab.viz.app_limits import MAX_CHARS, MAX_TOKENS
-from attnlab.viz.app_server import MAX_CONNECTIONS, AppServer
+from attnlab.viz.app_server import (
+    MAX_CHARS,
+    MAX_CONNECTIONS,
+    MAX_TOKENS,
+    TIMEOUT,
+    AppServer,
+    DeadlineHandler,
+)
 from attnlab.viz.lesson_page import lesson_csp, lesson_html
 from attnlab.viz.page import csp, page_html
 from attnlab.viz.payload import payload
@@ -31,7 +38,6 @@ from attnlab.viz.payload import payload
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024  # bytes of a request body
-TIMEOUT = 10.0        # seconds a connection may stay silent before it is closed
 
 
 class RequestError(Exception):
@@ -112,6 +118,12 @@ def _parse(body: bytes, models: Models, max_chars: int) -> tuple[str, str]:
                            f"text: {len(text)} characters, the limit is {max_chars}")
     if not isinstance(model, str):
         raise RequestError(HTTPStatus.BAD_REQUEST, f"model: expected a name, got {model!r}")
+    for name, value in (("text", text), ("model", model)):
+        try:  # JSON's \ud800 escapes decode to lone surrogates, which no UTF-8 text holds
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{name}: not valid Unicode (a lone "
+                               f"surrogate {value[e.start]!r} at character {e.start})") from None
     return text, model
 
 
@@ -122,10 +134,10 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
     lesson, lesson_policy = lesson_html().encode("utf-8"), lesson_csp()  # GET /lesson
     timeout_s = timeout
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(DeadlineHandler):
         server_version = "attnlab"
         sys_version = ""
-        timeout = timeout_s  # socket timeout of every read and write on the connection
+        timeout = timeout_s  # for a request's line, headers and body together; for each write
 
         def log_message(self, format, *args):
             log.info("%s %s", self.address_string(), format % args)
@@ -155,6 +167,7 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
             return False
 
         def do_GET(self):
+            self.request_arrived()
             if not self._host_ok():
                 return
             path = self.path.split("?", 1)[0]
@@ -183,8 +196,12 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
             except TimeoutError:  # the body did not arrive in time
                 self.close_connection = True
+                self.request_arrived()  # the 408 gets a write timeout of its own
                 self._json(HTTPStatus.REQUEST_TIMEOUT,
                            {"error": f"body: not received within {self.timeout:g} s"})
+            except ConnectionError:  # the client hung up: the server logs one line
+                self.close_connection = True
+                raise
             except Exception:
                 log.exception("attention request failed")
                 self._json(HTTPStatus.INTERNAL_SERVER_ERROR,
@@ -200,7 +217,9 @@ def make_handler(models: Models, *, max_chars: int = MAX_CHARS, max_tokens: int 
             if n > MAX_BODY:
                 raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                    f"body: {n} bytes, the limit is {MAX_BODY}")
-            text, model = _parse(self.rfile.read(n), models, max_chars)
+            body = self.rfile.read(n)
+            self.request_arrived()
+            text, model = _parse(body, models, max_chars)
             ma = models.run(model, text)
             if len(ma.tokens) > max_tokens:
                 raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -216,8 +235,10 @@ def make_server(models: Models, host: str = "127.0.0.1", port: int = 8000, *,
                 timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> AppServer:
     """A ready server (not yet serving); port 0 picks a free port (see `server.server_port`).
 
-    `host` may be IPv4 or IPv6 (`"::1"`); `timeout` closes a connection silent for that many
-    seconds; at most `max_connections` are served at once, the next ones get a 503.
+    `host` may be IPv4 or IPv6 (`"::1"`); `timeout` is the seconds a request may take to
+    arrive (line, headers and body together); at most `max_connections` are served at once: a
+    new connection takes the slot of the one waiting longest for its request, and gets a 503
+    only when every slot is running a request.
     """
     server = AppServer((host, port), BaseHTTPRequestHandler, max_connections=max_connections)
     allowed = None

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.errors import AttnlabError
+from attnlab.explain.training import read_heads
 from attnlab.viz.figures import FORMATS, _label, _mpl
 
 #: statistics on a 0..1 scale; the rest (entropy in nats, offset in tokens) get their own range
@@ -141,8 +142,6 @@ def save_figure(fig, path) -> Path:
 def draw_run(run_dir, stat: str, output):
     """A run's heads.jsonl (`track_heads`) as `figure_curves` with `loss_curves`, written to
     `output`; returns the figure."""
-    from attnlab.explain.training import read_heads
-
     lines = read_heads(run_dir)
     steps = [d["step"] for d in lines]
     values = np.array([[[np.nan if v is None else v for v in row] for row in d["stats"][stat]]

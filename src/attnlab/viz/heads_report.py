@@ -1,5 +1,5 @@
-"""`attnlab heads` as text: one row per head with every statistic and its label, best first;
-or the same as CSV."""
+"""`attnlab heads` as text: one row per head with every statistic and its label, best first
+(`HeadStats.ranked`); or the same as CSV."""
 
 from __future__ import annotations
 
@@ -8,24 +8,12 @@ import io
 import math
 import textwrap
 
-from attnlab.explain.head_statistics import STATS, rules_text
+from attnlab.explain.head_statistics import STATS, HeadStats, rules_text
 
 #: column titles (6 characters a column: the table is 101 columns wide)
 _SHORT = {"entropy": "ent", "entropy_norm": "entN", "self": "self", "prev": "prev",
           "next": "next", "first": "first", "special": "spec", "punct": "punct", "max": "max",
           "offset": "off", "offset_share": "offS", "duplicate": "dup", "induction": "ind"}
-
-
-def order(stats, sort: str) -> list[tuple[int, int]]:
-    """(layer, head) pairs by `sort` descending; NaN last; ties in layer, head order."""
-    values = stats[sort]
-    pairs = [(l, h) for l in range(stats.n_layers) for h in range(stats.n_heads)]
-
-    def key(p):
-        v = float(values[p])
-        return (math.isnan(v), -v if not math.isnan(v) else 0.0, p)
-
-    return sorted(pairs, key=key)
 
 
 def _cell(name: str, v: float) -> str:
@@ -36,10 +24,10 @@ def _cell(name: str, v: float) -> str:
     return f"{v:6.2f}"
 
 
-def render_heads(stats, *, sort: str = "max", top: int | None = None,
+def render_heads(stats: HeadStats, *, sort: str = "max", top: int | None = None,
                  probe: str | None = None) -> str:
     """The heads table: header, one row per head (the first `top` by `sort`), the label rules."""
-    pairs = order(stats, sort)
+    pairs = stats.ranked(sort)
     shown = pairs if top is None else pairs[:top]
     texts = "1 text" if stats.texts == 1 else f"{stats.texts} texts"
     out = [f"{stats.model}: {stats.n_layers} layers x {stats.n_heads} heads, statistics over "
@@ -58,12 +46,12 @@ def render_heads(stats, *, sort: str = "max", top: int | None = None,
     return "\n".join(out) + "\n"
 
 
-def heads_csv(stats, *, sort: str = "max", top: int | None = None) -> str:
+def heads_csv(stats: HeadStats, *, sort: str = "max", top: int | None = None) -> str:
     """layer,head,label,<every statistic>: one line per head, in the table's order."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["layer", "head", "label", *STATS])
-    pairs = order(stats, sort)
+    pairs = stats.ranked(sort)
     for l, h in pairs if top is None else pairs[:top]:
         values = []
         for n in STATS:

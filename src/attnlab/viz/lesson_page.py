@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.errors import AttnlabError
+from attnlab.explain.lesson_records import Check
 from attnlab.explain.lesson_sections import CAUSAL_TOKENS, build_lesson
 from attnlab.viz.html_doc import asset, document, policy
 from attnlab.viz.iframe import NotebookPage
@@ -108,13 +109,13 @@ def _grid() -> dict:
             "keys": np.linspace(0.0, 1.5, n)[:, None].tolist(), "values": np.eye(n).tolist()}
 
 
-def _questions(check: dict) -> list[dict]:
+def _questions(check: Check) -> list[dict]:
     out = []
-    for q in check["questions"]:
-        how = TRIES.get(q["question"])
+    for q in check.questions:
+        how = TRIES.get(q.question)
         if how is None:
-            raise AttnlabError(f"check: no way to try the question {q['question']!r} on the page")
-        out.append({"lesson": q["lesson"], "question": q["question"], "answer": q["answer"],
+            raise AttnlabError(f"check: no way to try the question {q.question!r} on the page")
+        out.append({"lesson": q.lesson, "question": q.question, "answer": q.answer,
                     "try": how["try"], "choices": how["choices"],
                     "task": how.get("task"), "task_text": how.get("task_text")})
     return out
@@ -123,20 +124,20 @@ def _questions(check: dict) -> list[dict]:
 def lesson_data() -> dict:
     """The page's starting numbers and texts, all from `attnlab.explain.lesson_sections`
     (JSON-ready)."""
-    s = {x["name"]: x for x in build_lesson()}
+    s = {x.name: x for x in build_lesson()}
     cmp_, borrow, heads = s["compare"], s["borrow"], s["heads"]
     return {
         "version": 1,
-        "query_token": cmp_["query_token"], "query": cmp_["query"],
-        "tokens": [r["token"] for r in cmp_["rows"]], "keys": [r["key"] for r in cmp_["rows"]],
-        "values": [sh["value"] for sh in borrow["shares"]],
-        "value_meaning": borrow["value_meaning"],
-        "negative_scores": s["normalize"]["scores"],
+        "query_token": cmp_.query_token, "query": cmp_.query,
+        "tokens": [r.token for r in cmp_.rows], "keys": [r.key for r in cmp_.rows],
+        "values": [sh.value for sh in borrow.shares],
+        "value_meaning": borrow.value_meaning,
+        "negative_scores": s["normalize"].scores,
         "grid": _grid(),
-        "heads": {"tokens": heads["tokens"], "features": heads["features"],
-                  "embeddings": heads["embeddings"], "query_token": heads["query_token"],
-                  "heads": [{"name": h["name"], "looks_for": h["looks_for"], "w_q": h["w_q"],
-                             "w_k": h["w_k"]} for h in heads["heads"]]},
+        "heads": {"tokens": heads.tokens, "features": heads.features,
+                  "embeddings": heads.embeddings, "query_token": heads.query_token,
+                  "heads": [{"name": h.name, "looks_for": h.looks_for, "w_q": h.w_q,
+                             "w_k": h.w_k} for h in heads.heads]},
         "questions": _questions(s["check"]),
     }
 

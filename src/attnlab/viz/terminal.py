@@ -11,6 +11,8 @@ import io
 
 import numpy as np
 
+from attnlab.errors import AttnlabError
+
 SHADES = " ░▒▓█"
 WIDTH = 80
 LABEL = 12  # columns for a token label
@@ -20,8 +22,6 @@ def _rich():
     try:
         import rich  # noqa: F401
     except ImportError:  # pragma: no cover - the term/viz extras bring it
-        from attnlab.errors import AttnlabError
-
         raise AttnlabError("terminal drawing needs rich: pip install 'attnlab[term]'") from None
     from rich.console import Group
     from rich.table import Table
