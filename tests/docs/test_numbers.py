@@ -88,3 +88,12 @@ def test_notebook_names_the_tiny_presets_depth():
 
     text = (ROOT / "examples/03_tiny_gpt_causal_heads.ipynb").read_text(encoding="utf-8")
     assert f"{GPTConfig.from_name('tiny').n_layer}-layer GPT (the `tiny` preset)" in text
+
+
+def test_app_limits_as_the_server_has_them():
+    from attnlab.viz import app_server as s
+
+    text = " ".join(read("docs/use/views.md").split())
+    assert (f"texts over {s.MAX_CHARS} characters or {s.MAX_TOKENS} tokens") in text
+    assert f"serves at most {s.MAX_CONNECTIONS} connections at once" in text
+    assert f"one deadline of {s.TIMEOUT:g} s for its line" in text
