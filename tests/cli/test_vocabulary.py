@@ -105,6 +105,13 @@ def test_negative_layer_and_head_count_from_the_last():
     assert last.weights == same.weights and last.scores == same.scores
 
 
+def test_rollout_heads_count_from_the_last_too():
+    from attnlab.explain.attention_flow import rollout
+
+    att = fake_capture(["a", "b", "c", "d"], n_layers=2, n_heads=3, causal=False)
+    assert (rollout(att, heads=[-1, 0]) == rollout(att, heads=[2, 0])).all()
+
+
 def test_quick_refuses_the_flags_it_would_override(capsys):
     assert main(["bench", "--quick", "--L", "512", "--modes", "fwd"]) == 2
     err = capsys.readouterr().err.strip()

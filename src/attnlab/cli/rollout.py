@@ -21,7 +21,8 @@ def add_parser(sub):
                    help="the word (or token index) to trace back")
     add_model(p)
     p.add_argument("--heads", default="mean", metavar="H[,H...]",
-                   help="average these heads of every layer (default: all)")
+                   help="average these heads of every layer (0-based, negative counts from the "
+                   "last; default: all)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="also draw the shares (.png or .svg; default: no figure)")
     p.add_argument("--json", action="store_true", help="print tokens, rollout and flow as JSON")
