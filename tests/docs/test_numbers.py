@@ -97,3 +97,30 @@ def test_app_limits_as_the_server_has_them():
     assert (f"texts over {s.MAX_CHARS} characters or {s.MAX_TOKENS} tokens") in text
     assert f"serves at most {s.MAX_CONNECTIONS} connections at once" in text
     assert f"one deadline of {s.TIMEOUT:g} s for its line" in text
+
+
+def test_head_label_thresholds_and_probe_defaults():
+    from attnlab.cli import build_parser
+    from attnlab.explain.head_statistics import INDUCTION_MIN_ROWS, LABEL_RULES
+
+    text = " ".join(read("docs/learn/heads.md").split())
+    rules = {label: t for label, _, t in LABEL_RULES}
+    assert len({rules[k] for k in ("previous-token", "next-token", "self", "sink / [CLS]",
+                                   "[SEP]", "punctuation")}) == 1
+    assert f"punctuation (≥ {rules['punctuation']} each)" in text
+    assert f"induction (≥ {rules['induction']} over at least {INDUCTION_MIN_ROWS} rows)" in text
+    assert f"(`entropy_norm` ≥ {rules['broad']})" in text
+    assert f"reached {rules['induction']} (the `induction` label's threshold)" in text
+    track = build_parser().parse_args(["track-heads"])
+    assert f"every K steps (`--every`, default {track.every})" in text
+    assert f"({track.probe} random characters, then the same {track.probe})" in text
+
+
+def test_positional_head_threshold():
+    import inspect
+
+    from attnlab.explain.token import positional_heads
+
+    t = inspect.signature(positional_heads).parameters["threshold"].default
+    assert f"for at least {round(100 * t)}% of tokens" in " ".join(read(
+        "docs/learn/explain.md").split())
