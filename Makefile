@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint docs clean chromium mutate
+.PHONY: setup kernel kernel-all demo test lint docs clean chromium mutate gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-demo: setup
+# the compiled interval kernel, built ahead of first use (a failed build only prints why);
+# the tests compare every ISA build this CPU runs, so `make test` builds them all
+kernel: setup
+	-$(BIN)/python -m attnlab.ops.kernels build
+
+kernel-all: setup
+	-$(BIN)/python -m attnlab.ops.kernels build --isa all
+
+demo: kernel
 	$(BIN)/attnlab explain "The cat sat on the mat because it was tired." --token it
 
 lint: setup
@@ -29,7 +37,7 @@ chromium:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
 
-test: lint docs chromium
+test: lint docs chromium kernel-all
 	$(BIN)/pytest
 
 # mutation testing, not part of `make test`: per-module kill rates (docs/reliability.md, "Mutation testing").
@@ -38,6 +46,12 @@ MUTATE_ARGS ?=
 mutate: setup
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,mutate]"
 	$(BIN)/python benchmarks/mutate.py $(MUTATE_ARGS)
+
+# the device check (benchmarks/gpu.py): speed against SDPA / compiled Flex / flash-attn and
+# exactness against float64, on the CUDA device; GPU_ARGS passes options on, e.g. "--L 4096 16384"
+GPU_ARGS ?=
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) build mutants .cache *.egg-info src/*.egg-info .pytest_cache .ruff_cache

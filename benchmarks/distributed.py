@@ -4,6 +4,7 @@ of time waiting on communication, and peak memory per rank.
 
     .venv/bin/python benchmarks/distributed.py                     # L=4096, P = 1 2, ~2 minutes
     .venv/bin/python benchmarks/distributed.py --L 8192 --world 1 2 4 --mask sliding:512
+    .venv/bin/python benchmarks/distributed.py --auto --L 8192 --world 2   # does auto pick well?
 
 Each (P, strategy) runs in fresh processes, so the peak resident memory each rank adds while it
 runs one forward + backward (ru_maxrss after the inputs exist, minus before) is comparable with
@@ -129,7 +130,15 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--strategies", nargs="+", default=["ring", "allgather", "ulysses"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--auto", action="store_true", help="the auto table instead: each strategy "
+                    "measured and auto's pick on a calibration (benchmarks/distributed_auto.py)")
     a = ap.parse_args(argv)
+    if a.auto:
+        from distributed_auto import auto_table
+
+        for P in a.world:
+            auto_table(a.L, a.heads, a.head_dim, P, a.repeats)
+        return 0
     cfg = Config(a.L, a.heads, a.kv_heads or a.heads, a.head_dim, a.dtype, a.mask, a.layout,
                  a.repeats)
     print(f"# context-parallel attention, fwd+bwd: L={cfg.L}, B=1, H={cfg.H}, Hkv={cfg.Hkv}, "

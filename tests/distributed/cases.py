@@ -13,39 +13,13 @@ import attnlab
 import attnlab.distributed as cp
 from attnlab import masks
 from attnlab.errors import AttnlabError
+from distributed.harness import make_mask, rel, subgroups
 
 from helpers import plain_attention
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 STRATEGIES = ("ring", "allgather", "ulysses")
 MASKS = ("none", "causal", "sliding", "document", "padding", "prefix", "combo")
-
-
-def make_mask(kind: str, L: int, B: int):
-    """(mask, is_causal) in global positions; documents cross shard boundaries."""
-    if kind == "none":
-        return None, False
-    if kind == "causal":
-        return None, True
-    if kind == "sliding":
-        return masks.sliding_window(5), False
-    if kind == "sliding64":
-        return masks.sliding_window(64), False
-    if kind == "document":
-        ids = torch.tensor([0] * (L // 3) + [1] * (L // 4) + [2] * (L - L // 3 - L // 4))
-        return masks.document(ids), True
-    if kind == "docshard":  # L = 37 over 4 contiguous shards of 10: rank 0 shares no document
-        ids = torch.tensor([0] * 10 + [1] * 15 + [2] * (L - 25))
-        return masks.document(ids), True
-    if kind == "padding":  # batch 1 pads queries: rows that attend nothing
-        kl, ql = [L - 3, max(L // 2, 1)][:B], [L, max(L - 7, 1)][:B]
-        return masks.padding(key_lengths=kl, query_lengths=ql), False
-    if kind == "prefix":
-        return masks.prefix_lm(min(7, L)), False
-    if kind == "combo":  # a window plus global first tokens, outside a padded tail
-        return (masks.sliding_window(4) | masks.prefix_lm(2)) & masks.padding(key_lengths=L - 2), \
-            False
-    raise ValueError(kind)
 
 
 def heads(P: int, kind: str) -> tuple[int, int]:
@@ -81,6 +55,7 @@ def exact_cases() -> list[dict]:
         c.setdefault("dtype", "fp64")
         c.setdefault("nan", False)
         c.setdefault("slow", False)
+        c.setdefault("scale", None)
         cases.append(c)
 
     for P in (1, 2, 3, 4):
@@ -111,33 +86,21 @@ def exact_cases() -> list[dict]:
         for strategy in ("ring", "allgather"):
             add(P=4, layout=layout, strategy=strategy, mask="docshard", L=37,
                 slow=layout == "zigzag")
+    for scale in (-0.5, 0.0):  # PyTorch's fused causal kernel is NaN for these alone
+        for strategy in STRATEGIES:
+            add(P=2, layout="zigzag", strategy=strategy, mask="causal", L=29, scale=scale)
     for dtype in ("fp32", "bf16"):
         for strategy in STRATEGIES:
             add(P=4, layout="zigzag", strategy=strategy, mask="causal", L=64, B=1, dtype=dtype)
     for i, c in enumerate(cases):
         c["id"] = (f"P{c['P']}-{c['layout']}-{c['strategy']}-{c['mask']}-L{c['L']}-"
-                   f"{c['heads']}-D{c['D']}-{c['dtype']}" + ("-nan" if c["nan"] else ""))
+                   f"{c['heads']}-D{c['D']}-{c['dtype']}" + ("-nan" if c["nan"] else "")
+                   + ("" if c["scale"] is None else f"-scale{c['scale']:g}"))
         c["seed"] = i
     return cases
 
 
 DT = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def _scale(full: torch.Tensor) -> float:
-    fin = full.detach().double()
-    fin = fin[torch.isfinite(fin)].abs()
-    return float(fin.max()) if fin.numel() else 1.0
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor, scale: float) -> float:
-    """max |a − b| relative to `scale`, the largest finite entry of the whole reference tensor
-    (a shard's own maximum can be 0: rank 0's dq under a causal mask)."""
-    a, b = a.detach().double(), b.detach().double()
-    both_inf = torch.isinf(a) & torch.isinf(b) & (a == b)
-    d = torch.where(both_inf, torch.zeros_like(a), (a - b).abs())
-    d = torch.nan_to_num(d, nan=float("inf"))
-    return float(d.max()) / max(scale, 1e-300) if d.numel() else 0.0
 
 
 def _abs_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -160,7 +123,7 @@ def run_case(c: dict, group, rank: int) -> dict:
         dead = ~mask.to_dense(L, L).any(-2)[:, :, :, None]  # (B, 1, S, 1)
         k64 = k64.masked_fill(dead, float("nan"))
         v64 = v64.masked_fill(dead, float("nan"))
-    kw = dict(mask=mask, is_causal=is_causal, enable_gqa=Hkv != H)
+    kw = dict(mask=mask, is_causal=is_causal, enable_gqa=Hkv != H, scale=c["scale"])
     lay = c["layout"]
     # ulysses: attnlab.attention's lse carries no gradient; the plain implementation has no lse
     big = L > 256  # the math backend's L×S buffers would be large: use the default one, no lse
@@ -187,7 +150,7 @@ def run_case(c: dict, group, rank: int) -> dict:
     sh = [cp.shard(x, lay, group=group, dim=-1 if x.dim() == 3 else -2) for x in (ro, rl, *rg)]
     for name, a, b, full in zip(("out", "lse", "dq", "dk", "dv"), (o, lse, *grads), sh,
                                 (ro, rl, *rg)):
-        res[name] = _rel(a, b, _scale(full))
+        res[name] = rel(a, b, full)
     if dtype != torch.float64:  # FlashAttention's rule against the float64 oracle
         q64r, k64r, v64r = (x.clone().requires_grad_() for x in (q64, k64, v64))
         oo = attnlab.attention(q64r, k64r, v64r, backend="math", **kw)
@@ -263,8 +226,6 @@ def _rows_attendable(L, P, layout, rank, mask, is_causal) -> int:
 
 def run_exact(rank: int, world: int, slow: bool) -> dict:
     """Every case of the fast (or the slow) set that includes this rank; then the error calls."""
-    from distributed.launch import subgroups
-
     groups = subgroups(world)
     out = {}
     for c in exact_cases():
@@ -316,10 +277,10 @@ def run_error_cases(rank: int, world: int, groups) -> dict:
     # the group still works after all of that
     o = cp.context_parallel_attention(xs, xs, xs, group=g, is_causal=True)
     ref = cp.shard(attnlab.attention(x, x, x, is_causal=True), "zigzag", group=g)
-    res["after_errors"] = _rel(o, ref, _scale(ref))
+    res["after_errors"] = rel(o, ref, ref)
     # unshard gives the whole tensor back
-    res["unshard"] = _rel(cp.unshard(xs, "zigzag", group=g), x, 1.0)
-    res["unshard_striped"] = _rel(cp.unshard(cp.shard(x, "striped", group=g, dim=2), "striped",
+    res["unshard"] = rel(cp.unshard(xs, "zigzag", group=g), x, 1.0)
+    res["unshard_striped"] = rel(cp.unshard(cp.shard(x, "striped", group=g, dim=2), "striped",
                                              group=g, dim=2), x, 1.0)
     # a rank that never makes the call: the others fail by the group's timeout, not hang
     import torch.distributed as dist

@@ -18,7 +18,7 @@ def cp_results_slow():
 
 def _run(slow: bool) -> dict:
     from distributed.cases import run_exact
-    from distributed.launch import run_group
+    from distributed.harness import run_group
 
     per_rank = run_group(run_exact, 4, slow)
     out: dict = {}

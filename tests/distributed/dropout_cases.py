@@ -9,8 +9,10 @@ import math
 import torch
 
 import attnlab.distributed as cp
-from attnlab import AttnlabError, masks
+from attnlab import AttnlabError
 from attnlab.distributed import keyed
+from distributed import harness
+from distributed.harness import rel, subgroups
 
 P_DROP, SEED, L, B, D = 0.3, 20261130, 23, 2, 8
 
@@ -27,14 +29,8 @@ STRATEGIES = ("ring", "allgather", "ulysses")
 
 
 def make_mask(kind: str):
-    """(mask, is_causal) on global positions."""
-    if kind == "causal":
-        return None, True
-    if kind == "window":
-        return masks.sliding_window(5), False
-    if kind == "padding":  # batch 1 also pads queries: rows that attend nothing
-        return masks.padding(key_lengths=[L - 3, L // 2], query_lengths=[L, L - 7]), False
-    return None, False
+    """(mask, is_causal) on global positions, at this module's L."""
+    return harness.make_mask({"window": "sliding"}.get(kind, kind), L)
 
 
 def oracle(q, k, v, allowed, softcap, seed=SEED, p=P_DROP):
@@ -51,14 +47,6 @@ def oracle(q, k, v, allowed, softcap, seed=SEED, p=P_DROP):
     keep = keyed.keep_mask(seed, p, q.shape[0], torch.arange(H), torch.arange(q.shape[2]),
                            torch.arange(k.shape[2]))
     return (w * keep / (1 - p)) @ v, lse  # (B, H, L, S) @ (B, H, S, Dv) -> (B, H, L, Dv)
-
-
-def _rel(a, b) -> float:
-    a, b = a.detach(), b.detach()
-    fin = b[torch.isfinite(b)].abs()
-    scale = max(float(fin.max()) if fin.numel() else 1.0, 1e-300)
-    d = torch.where(torch.isinf(a) & (a == b), 0.0, (a - b).abs())
-    return float(torch.nan_to_num(d, nan=math.inf).max()) / scale if d.numel() else 0.0
 
 
 def _inputs(name):
@@ -86,8 +74,6 @@ def _loss(out, lse, w, u):
 def run_exact(rank: int, world: int) -> dict:
     """{(config, P, layout, strategy): {out, lse, dq, dk, dv: relative error vs the oracle}} of
     this rank (None where the strategy cannot run)."""
-    from distributed.launch import subgroups
-
     groups = subgroups(world)
     res = {}
     for name in CONFIGS:
@@ -117,7 +103,7 @@ def run_exact(rank: int, world: int) -> dict:
                     got = (o, lse, *torch.autograd.grad(_loss(o, lse, sh(w), sh(u, -1)),
                                                         (ql, kl, vl)))
                     res[(name, P, lay, strat)] = {
-                        what: _rel(a, sh(b, -1 if what == "lse" else -2))
+                        what: rel(a, sh(b, -1 if what == "lse" else -2))
                         for what, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, ref)}
     return res
 
@@ -150,8 +136,6 @@ def gpt_losses(rank: int, world: int) -> dict:
     from attnlab.distributed import ContextParallel
     from attnlab.models import GPT, GPTConfig
     from attnlab.models.parallel import Parallel
-    from distributed.launch import subgroups
-
     groups = subgroups(world)
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=23, block_size=40, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,

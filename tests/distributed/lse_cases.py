@@ -9,31 +9,20 @@ import torch
 
 import attnlab
 import attnlab.distributed as cp
-from attnlab import masks
-
-
-def make_mask(kind: str, L: int):
-    """(mask, is_causal) in global positions."""
-    return {
-        "causal": (None, True),
-        "sliding": (masks.sliding_window(5), False),
-        "document": (masks.document(torch.arange(L) * 3 // L), True),  # crosses shard borders
-        "padding": (masks.padding(key_lengths=[L - 3, L // 2], query_lengths=[L, L - 7]),
-                    False),  # batch 1's last 7 rows attend nothing
-    }[kind]
+from distributed.harness import make_mask, rel, run_each, subgroups
 
 
 def lse_cases() -> list[dict]:
     cases = []
     for strategy in ("ulysses", "ring", "allgather"):
-        for mk in ("causal", "sliding", "document", "padding"):
+        for mk in ("causal", "sliding", "document3", "padding"):
             cases.append(dict(P=4, layout="zigzag", strategy=strategy, mask=mk, L=37, H=8,
                               Hkv=4, softcap=None))
         cases.append(dict(P=4, layout="zigzag", strategy=strategy, mask="causal", L=37, H=8,
                           Hkv=4, softcap=4.0))
         cases.append(dict(P=2, layout="striped", strategy=strategy, mask="padding", L=29, H=4,
                           Hkv=2, softcap=3.0))
-        cases.append(dict(P=3, layout="contiguous", strategy=strategy, mask="document", L=29,
+        cases.append(dict(P=3, layout="contiguous", strategy=strategy, mask="document3", L=29,
                           H=6, Hkv=3 if strategy == "ulysses" else 1, softcap=None))
     cases.append(dict(P=1, layout="zigzag", strategy="ulysses", mask="padding", L=21, H=4,
                       Hkv=2, softcap=None))
@@ -42,17 +31,6 @@ def lse_cases() -> list[dict]:
                    + ("" if c["softcap"] is None else f"-softcap{c['softcap']:g}"))
         c["seed"] = 1000 + i
     return cases
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor, full: torch.Tensor) -> float:
-    """max |a − b| (equal infinities count as 0, NaN as inf) over the whole reference's largest
-    finite entry."""
-    a, b, full = a.detach(), b.detach(), full.detach()
-    d = torch.where(torch.isinf(a) & (a == b), 0.0, (a - b).abs())
-    d = torch.nan_to_num(d, nan=float("inf"))
-    fin = full[torch.isfinite(full)].abs()
-    scale = float(fin.max()) if fin.numel() else 1.0
-    return float(d.max()) / max(scale, 1e-300) if d.numel() else 0.0
 
 
 def run_case(c: dict, group) -> dict:
@@ -83,22 +61,10 @@ def run_case(c: dict, group) -> dict:
     res = {"rows": o.shape[2], "tiled_blocks": len(calls)}
     for name, a, full in zip(("out", "lse", "dq", "dk", "dv"), (o, lse, *grads),
                              (ro, rl, *rg)):
-        res[name] = _rel(a, sh(full, -1 if full.dim() == 3 else -2), full)
+        res[name] = rel(a, sh(full, -1 if full.dim() == 3 else -2), full)
     return res
 
 
 def run_lse(rank: int, world: int) -> dict:
     """Every case that includes this rank; an error is returned, not raised, per case."""
-    import traceback
-
-    from distributed.launch import subgroups
-
-    groups = subgroups(world)
-    out = {}
-    for c in lse_cases():
-        if rank < c["P"]:
-            try:
-                out[c["id"]] = run_case(c, groups[c["P"]])
-            except Exception:  # reported by the test that reads this case
-                out[c["id"]] = {"error": traceback.format_exc(limit=3)}
-    return out
+    return run_each(lse_cases(), run_case, subgroups(world), rank)

@@ -12,7 +12,7 @@ CASES = lse_cases()
 
 @pytest.fixture(scope="module")
 def lse_results():
-    from distributed.launch import run_group
+    from distributed.harness import run_group
     from distributed.lse_cases import run_lse
 
     out: dict = {}

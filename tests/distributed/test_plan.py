@@ -101,6 +101,21 @@ def test_ulysses_needs_divisible_heads():
     assert p.choice in ("ring", "allgather")
 
 
+@pytest.mark.parametrize("H, Hkv, P, K", [(8, 8, 4, 8), (8, 2, 4, 4), (4, 1, 4, 4),
+                                          (12, 3, 4, 12), (6, 2, 3, 6), (32, 8, 16, 16)])
+def test_ulysses_replicates_kv_heads_to_lcm(H, Hkv, P, K):
+    """K/V travel with lcm(Hkv, P) heads: as many as there are when P divides Hkv, else copies
+    so that each rank gets whole heads; the bytes are q's, out's and lse's plus K heads of k, v."""
+    from attnlab.distributed.cost import ulysses_kv_heads
+
+    assert ulysses_kv_heads(Hkv, P) == K
+    L, D = 64 * P, 32
+    e = cp.plan(L, H, Hkv, D, P, layout="contiguous", dtype="fp32")["ulysses"]
+    n = L // P
+    tensors = [H * n * D, K * n * D, K * n * D, H * n * D, H * n]  # q, k, v, out, lse (x4 B)
+    assert e.feasible and e.fwd_sent == [sum((P - 1) * 4 * t // P for t in tensors)] * P
+
+
 def test_explain_names_the_pick_and_the_others():
     ch = cp.explain(4096, 8, 8, 64, 4, mask=masks.sliding_window(64), layout="contiguous")
     assert ch.strategy == "ring"
@@ -123,7 +138,9 @@ def test_cli_plan_cp_table(capsys):
                  "--head-dim", "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
     out = capsys.readouterr().out
     assert "| 8 | ring |" in out and "| 16 | allgather |" in out and "**auto**" in out
-    assert "needs query heads H = 32 and key/value heads Hkv = 8 divisible by world = 16" in out
+    # 8 key/value heads replicated to 16, one a rank: (q 32 + k, v 16 + 16 + out 32 + lse 0.5)
+    # MiB x 15/16
+    assert "| 16 | ulysses | 90.5 |" in out
     assert "10 µs per message" in out
 
 
@@ -174,3 +191,48 @@ def test_near_ties_go_to_the_strategy_that_sends_less():
     assert "fewest bytes" not in choose({"ring": ring}).reason
     slow = est("allgather", 1.0, 0.2, 10**6, False)  # 1.2 s: no longer a tie
     assert choose({"ring": ring, "allgather": slow}).strategy == "ring"
+
+
+def test_hybrid_bytes_are_ulysses_in_groups_plus_the_ring_across():
+    """P = 4 in 2 groups of U = 2, no mask, contiguous, L = 256, H = Hkv = 4, D = 32, fp32: the
+    all-to-alls move half of q, k, v, out and lse of a 64-token shard inside the group; the ring
+    brings the other group's 128 keys for this rank's 2 heads."""
+    p = cp.plan(256, 4, 4, 32, 4, layout="contiguous", dtype="fp32", ulysses_size=2)
+    a2a = (4 * (4 * 64 * 32 * 4) + 4 * 64 * 4) // 2
+    ring = 128 * 2 * (32 + 32) * 4
+    h = p["hybrid"]
+    assert h.feasible and h.fwd_sent == [a2a + ring] * 4 and h.fwd_recv == [a2a + ring] * 4
+    assert h.fwd_msgs_sent == [4 * 1 + 2] * 4  # 4 all-to-alls with 1 peer; k and v to 1 peer
+    assert "hybrid" not in cp.plan(256, 4, 4, 32, 4).estimates  # only when U is given
+
+
+def test_hybrid_two_link_tiers():
+    """A fast link inside groups and a slow one between them: only the ring crosses the slow
+    one, so the hybrid's predicted time falls with intra_gbps and the others' do not."""
+    kw = dict(mask=masks.causal(), dtype="bf16", ulysses_size=8, inter_gbps=100)
+    slow = cp.plan(1 << 17, 32, 8, 128, 32, intra_gbps=100, **kw)
+    fast = cp.plan(1 << 17, 32, 8, 128, 32, intra_gbps=3600, **kw)
+    assert fast["hybrid"].comm_s < slow["hybrid"].comm_s
+    assert fast["hybrid"].a2a_s < slow["hybrid"].a2a_s
+    for s in ("ring", "allgather", "ulysses"):
+        assert fast[s].comm_s == slow[s].comm_s
+    assert fast["hybrid"].time_s == pytest.approx(
+        fast["hybrid"].a2a_s + max(fast["hybrid"].comm_s - fast["hybrid"].a2a_s,
+                                   fast["hybrid"].compute_s))
+
+
+@pytest.mark.parametrize("U, msg", [(3, "dividing world = 4, got 3"), (0, "got 0")])
+def test_hybrid_infeasible_names_the_rule(U, msg):
+    p = cp.plan(256, 4, 4, 32, 4, ulysses_size=U)
+    assert not p["hybrid"].feasible and msg in p["hybrid"].why_not
+    q = cp.plan(256, 6, 3, 32, 4, ulysses_size=4)
+    assert "H = 6 divisible by world = 4" in q["hybrid"].why_not
+
+
+def test_cli_plan_cp_hybrid_tiers(capsys):
+    assert main(["plan-cp", "--L", "131072", "--num-heads", "32", "--num-kv-heads", "8", "--world",
+                 "32", "--ulysses-size", "8", "--intra-gbps", "3600", "--inter-gbps",
+                 "400"]) == 0
+    out = capsys.readouterr().out
+    assert "3600 Gbit/s inside groups of 8, 400 Gbit/s between" in out
+    assert "| 32 | hybrid |" in out

@@ -1,4 +1,4 @@
-"""Run on each rank of a spawned gloo group (see tests/distributed/launch.py): a GPT handed a
+"""Run on each rank of a spawned gloo group (see tests/distributed/harness.py): a GPT handed a
 context-parallel handle against the same GPT in one process, in float64."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ STEPS, BATCH, EVERY = 20, 8, 10
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     """(root, each rank's results) of the cases in models/parallel_cases.py, on one group of 2."""
-    from distributed.launch import run_group
+    from distributed.harness import run_group
     from models.parallel_cases import all_cases
 
     root = tmp_path_factory.mktemp("group")

@@ -128,7 +128,8 @@ def _choice(L, S, **kw):
     return attnlab.select_backend(q, k, v, **kw)
 
 
-def test_auto_switches_at_the_documented_thresholds():
+def test_auto_switches_at_the_documented_thresholds(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     # tile density exactly DENSE_ENOUGH stays tiled; one more key block goes dense
     L, S = 1024, 2048
     n = int(dispatch.DENSE_ENOUGH * S)
@@ -141,7 +142,8 @@ def test_auto_switches_at_the_documented_thresholds():
     assert c.backend == "sdpa" and c.reason.startswith("a dense attn_mask only")
 
 
-def test_auto_reasons_name_the_rule():
+def test_auto_reasons_name_the_rule(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     q, k, v = qkv(1, 2, 2, 8, 8, 4)
     sel = attnlab.select_backend
     assert sel(q, k[..., :0, :], v[..., :0, :]).reason.startswith("empty input")

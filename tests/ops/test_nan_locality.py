@@ -90,3 +90,31 @@ def test_gradients_of_rows_that_never_see_poison(backend):
     assert_close(kq.grad, fq.grad, atol=1e-5, what="dq")
     assert_close(kk.grad, fk.grad, atol=1e-5, what="dk")
     assert_close(kv.grad, fv.grad, atol=1e-5, what="dv")
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("L", [4, 8, 97])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_poisoned_query_row_is_nan_on_every_backend(backend, L, poison):
+    """A query row holding NaN/Inf is NaN (out and lse) when it may attend anything; the fused
+    CPU kernel alone returns it as 0 with lse 0 (causal, L = 4)."""
+    q, k, v = qkv(1, 2, 2, L, L, 8, seed=3)
+    q[0, 0, L - 1, 1] = poison
+    out, lse = attnlab.attention(q, k, v, is_causal=True, backend=backend, return_lse=True)
+    assert bool(out[0, 0, L - 1].isnan().all()) and bool(lse[0, 0, L - 1].isnan())
+    assert int(out.isnan().any(-1).sum()) == 1 and int(lse.isnan().sum()) == 1
+    q2 = q.clone()
+    q2[0, 0, L - 1] = 0.0
+    clean = attnlab.attention(q2, k, v, is_causal=True, backend=backend)
+    assert_close(out[0, 1], clean[0, 1], atol=1e-6, what="other head")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_poisoned_query_row_with_nothing_to_attend_stays_zero(backend):
+    L = 12
+    q, k, v = qkv(1, 2, 2, L, L, 8, seed=4)
+    q[0, :, L - 1, 0] = float("nan")  # padded away: attends nothing
+    mask = masks.padding(key_lengths=[L], query_lengths=[L - 2])
+    out, lse = attnlab.attention(q, k, v, mask=mask, backend=backend, return_lse=True)
+    assert bool((out[0, :, L - 1] == 0).all()) and bool(torch.isneginf(lse[0, :, L - 1]).all())
+    assert bool(torch.isfinite(out).all())

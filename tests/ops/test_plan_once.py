@@ -11,6 +11,7 @@ from helpers import assert_close, qkv
 
 
 def test_auto_plans_once_and_runs_that_plan(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     q, k, v = qkv(1, 1, 1, 1100, 1100, 8)  # L·S above dispatch.SMALL_SCORES: the density decides
     m = masks.sliding_window(64)
     calls = []
@@ -23,7 +24,8 @@ def test_auto_plans_once_and_runs_that_plan(monkeypatch):
     assert_close(out, attnlab.attention(q, k, v, mask=m, backend="math"), atol=1e-5)
 
 
-def test_density_is_the_plans():
+def test_density_is_the_plans(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     q, k, v = qkv(1, 2, 2, 1100, 1100, 8)
     p = attnlab.ops.api.make_problem(q, k, v, None, 0.0, False, None, False,
                                      mask=masks.sliding_window(64))

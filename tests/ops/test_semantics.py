@@ -162,7 +162,8 @@ def test_dropout_with_lse(backend):
     assert_close(lse, ref_lse, atol=1e-5, what="lse (dropout acts after the softmax)")
 
 
-def test_select_backend_explains_its_choice():
+def test_select_backend_explains_its_choice(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     q, k, v = qkv(1, 2, 2, 8, 8, 4)
     choice = attnlab.select_backend(q, k, v, is_causal=True)
     assert choice.backend == "sdpa" and "causal" in choice.reason
@@ -212,7 +213,8 @@ def test_extra_leading_mask_dims_keep_the_output_shape():
         assert attnlab.attention(q, k, v, attn_mask=m, backend=backend).shape == (3, 5, 8)
 
 
-def test_bottom_right_causal_runs_as_fused_causal_when_square():
+def test_bottom_right_causal_runs_as_fused_causal_when_square(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     q, k, v = qkv(1, 2, 2, 8, 8, 4)
     assert attnlab.select_backend(q, k, v, mask=masks.causal("bottom_right")).backend == "sdpa"
     one = q[:, :, -1:]

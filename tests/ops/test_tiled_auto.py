@@ -18,7 +18,8 @@ def choice(L, S=None, **kw):
     return attnlab.select_backend(q, k, v, **kw)
 
 
-def test_choices():
+def test_choices(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     assert choice(600).backend == "sdpa"  # no mask: fused kernel
     assert choice(600, is_causal=True).backend == "sdpa"
     assert choice(64, mask=masks.sliding_window(8)).backend == "sdpa"  # small: dense mask
@@ -40,6 +41,7 @@ def test_choices():
     ("tiled", 2048, 2048, {"mask": masks.sliding_window(64)}),
 ])
 def test_auto_runs_the_backend_select_backend_names(monkeypatch, name, L, S, kw):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
     from attnlab.ops import dispatch
 
     q, k, v = qkv(1, 2, 2, L, S, 8)

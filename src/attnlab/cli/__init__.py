@@ -24,7 +24,7 @@ GROUPS = (
     ("look inside a model", ("explain", "heads", "rollout", "plot", "view", "serve")),
     ("build and train", ("train", "generate", "track_heads")),
     ("scale", ("plan_cp",)),
-    ("tools", ("bench",)),
+    ("tools", ("bench", "doctor")),
 )
 COMMANDS = tuple(name for _, names in GROUPS for name in names)
 

@@ -6,6 +6,9 @@ of --link-gbps with --latency-us per message and chips of --tflops, with and wit
 communication and compute — the numbers `attnlab.distributed.plan` computes and the tests check
 against what the code really sends.
 
+--calibrate measures the link, per-message latency and compute on --calibrate-world local
+processes first (`attnlab.distributed.calibrate`) and plans on those numbers.
+
 Masks: full, causal, sliding:W (causal window of W keys), document:N (N equal documents, causal
 inside each), prefix:N (prefix-LM with an N-token prefix).
 """
@@ -44,6 +47,21 @@ def add_parser(sub):
     p.add_argument("--latency-us", type=float, default=None,
                    help="latency per message, µs (default 10: a message between machines over "
                    "InfiniBand / RoCE)")
+    p.add_argument("--ulysses-size", type=int, default=None, metavar="U",
+                   help="also plan strategy hybrid: all-to-all over heads inside groups of U "
+                   "ranks, ring across groups (default: no hybrid)")
+    p.add_argument("--intra-gbps", type=float, default=None,
+                   help="link inside a group of U ranks, Gbit/s (default: the inter link)")
+    p.add_argument("--inter-gbps", type=float, default=None,
+                   help="link between groups, Gbit/s (default --link-gbps); strategies over "
+                   "all ranks run at this one")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure link, latency and compute first on local processes (gloo on "
+                   "loopback, one thread each) and plan on those numbers instead of --link-gbps, "
+                   "--intra/--inter-gbps, --latency-us, --tflops")
+    p.add_argument("--calibrate-world", type=int, default=2, metavar="P",
+                   help="local processes --calibrate measures on (default 2; with "
+                   "--ulysses-size, a multiple of it)")
     p.add_argument("--json", action="store_true", help="print the plans as JSON")
     add_threads(p)
     return p
@@ -87,6 +105,25 @@ def _row(P, e, choice):
             f"{e.time_s * 1e3:,.1f} | {e.serial_s * 1e3:,.1f} | {pick} |")
 
 
+def _calibrate(args):
+    from attnlab.distributed import spawn
+    from attnlab.distributed.calibrate import calibrate_worker
+
+    return spawn(calibrate_worker, args.calibrate_world, args.ulysses_size, 1,
+                 timeout_s=300.0, group_timeout_s=60.0)[0]
+
+
+def _links(args, lat, cal) -> str:
+    if cal is not None:
+        return f"measured: {cal.describe()}"
+    inter = args.link_gbps if args.inter_gbps is None else args.inter_gbps
+    link = f"link {inter:g} Gbit/s"
+    if args.intra_gbps is not None:
+        link = f"link {args.intra_gbps:g} Gbit/s inside groups of {args.ulysses_size}, " \
+               f"{inter:g} Gbit/s between"
+    return f"{link}, {lat:g} µs per message, {args.tflops:g} TFLOP/s per rank"
+
+
 def run(args) -> int:
     from attnlab.distributed import plan
     from attnlab.distributed.cost import DEFAULT_LATENCY_US
@@ -97,9 +134,12 @@ def run(args) -> int:
     mask, is_causal = parse_mask(args.mask, args.L)
     lat = DEFAULT_LATENCY_US if args.latency_us is None else args.latency_us
     hkv = args.num_kv_heads or args.num_heads
+    cal = _calibrate(args) if args.calibrate else None
     plans = [plan(args.L, args.num_heads, hkv, args.head_dim, P, mask=mask, is_causal=is_causal,
                   layout=args.layout, dtype=args.dtype, batch=args.batch,
-                  link_gbps=args.link_gbps, tflops=args.tflops, latency_us=lat)
+                  link_gbps=args.link_gbps, tflops=args.tflops, latency_us=lat,
+                  ulysses_size=args.ulysses_size, intra_gbps=args.intra_gbps,
+                  inter_gbps=args.inter_gbps, calibration=cal)
              for P in args.world]
     if args.json:
         print(json.dumps([{"world": p.world, "choice": p.choice, "reason": p.reason,
@@ -114,8 +154,7 @@ def run(args) -> int:
         return 0
     print(f"# attnlab plan-cp: L={args.L}, B={args.batch}, H={args.num_heads}, Hkv={hkv}, "
           f"D={args.head_dim}, {args.dtype}, mask {args.mask}, layout {args.layout}; "
-          f"link {args.link_gbps:g} Gbit/s, {lat:g} µs per message, {args.tflops:g} TFLOP/s "
-          "per rank\n")
+          f"{_links(args, lat, cal)}\n")
     print("| ranks | strategy | fwd MiB sent/rank | fwd+bwd MiB sent/rank | fwd+bwd msgs/rank | "
           "fwd TFLOP/rank | load max/mean | comm ms | compute ms | time ms (overlap) | "
           "time ms (serial) | |")

@@ -9,7 +9,15 @@ the same answer as on one process, forward and backward.
 
 Strategies: "ring" (each rank's keys go straight to the ranks that need them, one ring distance
 at a time, overlapped with compute), "allgather" (fetch once), "ulysses" (all-to-all to head
-shards). Masks are global; empty (query, key) pairs are never computed, unneeded keys never sent.
+shards; K/V heads replicated when fewer than the ranks), "hybrid" (`ulysses_size=U`: all-to-all
+inside groups of U ranks, ring across groups). Masks are global; empty (query, key) pairs are
+never computed, unneeded keys never sent.
+
+`calibrate(group)` measures the link, latency and compute the cost model plans with (`plan(...,
+calibration=)`, `context_parallel_attention(..., calibration=)`).
+
+Packed sequences: `varlen_attention(q, k, v, cu_seqlens)` on `varlen_shard` rows (each document
+split head and tail over the ranks), planned by `varlen_plan`.
 
 `spawn(fn, P, ...)` runs fn on P local gloo processes (tests, benchmarks, trying it out).
 
@@ -24,21 +32,27 @@ from attnlab.distributed.api import (
     shard,
     unshard,
 )
+from attnlab.distributed.calibrate import Calibration, calibrate
 from attnlab.distributed.comm import CommLog, record
 from attnlab.distributed.cost import Estimate, Plan, StrategyChoice, explain, plan
+from attnlab.distributed.hybrid import hybrid_groups
 from attnlab.distributed.layouts import LAYOUTS, positions
 from attnlab.distributed.spawn import SpawnError, spawn
+from attnlab.distributed.varlen import varlen_attention, varlen_plan, varlen_shard, varlen_unshard
 
 __all__ = [
     "LAYOUTS",
+    "Calibration",
     "CommLog",
     "ContextParallel",
     "Estimate",
     "Plan",
     "SpawnError",
     "StrategyChoice",
+    "calibrate",
     "context_parallel_attention",
     "explain",
+    "hybrid_groups",
     "init",
     "plan",
     "positions",
@@ -46,4 +60,8 @@ __all__ = [
     "shard",
     "spawn",
     "unshard",
+    "varlen_attention",
+    "varlen_plan",
+    "varlen_shard",
+    "varlen_unshard",
 ]

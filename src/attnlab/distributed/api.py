@@ -10,6 +10,7 @@ from attnlab.distributed import comm, cost, validate
 from attnlab.distributed.attend import Call
 from attnlab.distributed.gather import GatherAttention
 from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.hybrid import hybrid_attention
 from attnlab.distributed.layouts import Sharding, check_layout
 from attnlab.distributed.ring import RingAttention
 from attnlab.distributed.ulysses import ulysses_attention
@@ -25,7 +26,8 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
                                is_causal: bool = False, scale: float | None = None,
                                enable_gqa: bool = False, softcap: float | None = None,
                                return_lse: bool = False, dropout_p: float = 0.0,
-                               dropout_seed: int | None = None):
+                               dropout_seed: int | None = None, ulysses_size: int | None = None,
+                               calibration=None):
     """Attention over a sequence split across the ranks of `group`, exactly as on one process.
 
     Every rank passes its shard, in `layout` order (see `shard`):
@@ -36,8 +38,8 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
         group: a torch.distributed process group (None: the default group; none initialised:
             one process).
         layout: "zigzag" (balanced for causal masks), "contiguous" or "striped".
-        strategy: "ring", "allgather", "ulysses" or "auto" (the cost model's pick; see
-            `attnlab.distributed.explain`).
+        strategy: "ring", "allgather", "ulysses", "hybrid" or "auto" (the cost model's pick;
+            see `attnlab.distributed.explain`).
         mask: a structured mask from `attnlab.masks` in *global* positions (L × S).
         is_causal, scale, enable_gqa, softcap: as `attnlab.attention`.
         return_lse: also return the log-sum-exp of each local row, (B, H, L_local).
@@ -50,6 +52,10 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
             Blocks with dropout run on plain PyTorch ops instead of the fused kernels.
         dropout_seed: the key of the masks, an int (None: drawn from torch's default generator
             on every rank, rank 0's draw used by all).
+        ulysses_size: U for strategy "hybrid" (all-to-all over heads inside groups of U
+            consecutive ranks, ring across groups; "auto" then weighs it too).
+        calibration: a `Calibration` from `attnlab.distributed.calibrate`: "auto" plans with
+            its measured link, latency and compute instead of the defaults.
 
     A row that may attend nothing gets output 0 and lse −inf; NaN in keys or values no query may
     attend never reaches the output. Differentiable: gradients reach every rank's q, k, v (all
@@ -62,6 +68,7 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     rank, world = comm.rank_world(group)
     desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
                      softcap, dropout_p, dropout_seed)
+    desc["ulysses_size"] = ulysses_size
     descs = validate.gather_descriptions(desc, group, _device(query))
     validate.check_agreement(descs)
     seed = descs[0]["drawn_seed"] if dropout_seed is None else int(dropout_seed)
@@ -75,20 +82,43 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc, float(dropout_p),
              seed if dropout_p > 0 else 0)
-    est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=query.dtype,
-                        link_gbps=cost.DEFAULT_LINK_GBPS, tflops=cost.DEFAULT_TFLOPS,
-                        latency_us=cost.DEFAULT_LATENCY_US,
-                        per_head_mask=m is not None and m.heads > 1)
+    est = _estimates(geom, B, H, Hkv, D, Dv, query.dtype, m, ulysses_size, calibration,
+                     dropout_p)
+    if strategy == "hybrid" and "hybrid" not in est:
+        raise AttnlabError("ulysses_size: strategy 'hybrid' needs ulysses_size=U, the ranks "
+                           f"of a group (a divisor of world = {world})")
     if strategy == "auto":
         strategy = cost.choose(est).strategy
     elif not est[strategy].feasible:
         raise AttnlabError(f"strategy: {strategy!r} {est[strategy].why_not}")
     if strategy == "ulysses":
         out, lse = ulysses_attention(query, key, value, c, mask=m, enable_gqa=enable_gqa)
+    elif strategy == "hybrid":
+        out, lse = hybrid_attention(query, key, value, c, U=ulysses_size)
     else:
         fn = RingAttention if strategy == "ring" else GatherAttention
         out, lse = fn.apply(query, key, value, c)
     return (out, lse) if return_lse else out
+
+
+def _estimates(geom, B, H, Hkv, D, Dv, dtype, m, U, calibration, dropout_p):
+    """Every strategy's Estimate for this call ("hybrid" only with a ulysses_size, and not
+    under dropout), on the calibration's numbers when given, else the defaults."""
+    link, intra, tflops, lat = cost.links(cost.DEFAULT_LINK_GBPS, None, None,
+                                          cost.DEFAULT_TFLOPS, cost.DEFAULT_LATENCY_US,
+                                          calibration)
+    per_head = m is not None and m.heads > 1
+    est = cost.estimate(geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link,
+                        tflops=tflops, latency_us=lat, per_head_mask=per_head,
+                        masked_tflops=getattr(calibration, "masked_tflops", None))
+    if U is not None:
+        est["hybrid"] = cost.hybrid_estimate(
+            geom, B=B, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, U=U, intra_gbps=intra,
+            inter_gbps=link, tflops=tflops, latency_us=lat, per_head_mask=per_head,
+            masked_tflops=getattr(calibration, "masked_tflops", None))
+        if dropout_p > 0:
+            est["hybrid"] = cost.Estimate("hybrid", False, "does not take attention dropout")
+    return est
 
 
 def _device(x):
@@ -199,6 +229,8 @@ class ContextParallel:
     group: object = None
     layout: str = "zigzag"
     strategy: str = "auto"
+    ulysses_size: int | None = None  # U of strategy "hybrid" (and of "auto"'s choices)
+    calibration: object = None  # a Calibration: what "auto" plans with
 
     @property
     def rank(self) -> int:
@@ -210,6 +242,8 @@ class ContextParallel:
 
     def attention(self, query, key, value, **kwargs):
         kwargs.setdefault("strategy", self.strategy)
+        kwargs.setdefault("ulysses_size", self.ulysses_size)
+        kwargs.setdefault("calibration", self.calibration)
         return context_parallel_attention(query, key, value, group=self.group,
                                           layout=self.layout, **kwargs)
 

@@ -22,6 +22,7 @@ from attnlab.distributed.blocks import block_backward, dropout_backward, dropout
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.layouts import Piece
 from attnlab.masks import EMPTY, FULL
+from attnlab.ops import nonfinite
 
 #: most score elements (B·H·rows·keys) one block computes at a time
 SCORE_BUDGET = 1 << 22
@@ -118,8 +119,14 @@ def start_state(c: Call, q: torch.Tensor, Dv: int):
 
 
 def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) -> None:
-    """Merge the attention of every query piece over `k_pieces` of (k_buf, v_buf) into state."""
-    from attnlab.ops import attention
+    """Merge the attention of every query piece over `k_pieces` of (k_buf, v_buf) into state.
+
+    NaN/Inf go through `ops.nonfinite` block by block, as `attnlab.attention` treats the whole
+    call: a block zeroes its poisoned keys/values (under a masked call, also in a block the mask
+    leaves FULL) and query rows, and its rows that may attend them come out NaN, which the merge
+    carries into the row's global result."""
+    from attnlab.ops import dispatch
+    from attnlab.ops.validate import make_problem
 
     for qi, rows, kp, allowed in c.pairs(k_pieces, q_acc, log=True):
         k, v = _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc)
@@ -128,9 +135,9 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
                                    keep(c, q_acc, qi, rows, kp), c.dropout_p)
         else:  # attnlab's own fused/tiled op on the block, in the accumulation dtype
             causal = allowed is CAUSAL
-            o, l = attention(q_acc[:, :, rows], k, v, attn_mask=None if causal else allowed,
-                             is_causal=causal, scale=c.scale, softcap=c.softcap,
-                             enable_gqa=k.shape[1] != q_acc.shape[1], return_lse=True)
+            p = make_problem(q_acc[:, :, rows], k, v, None if causal else allowed, 0.0, causal,
+                             c.scale, k.shape[1] != q_acc.shape[1], mask=None, softcap=c.softcap)
+            o, l = dispatch.run("auto", p, need_lse=True, clean_always=c.geom.mask is not None)
         out, lse = state[qi]
         sl = _local(c, qi, rows)
         out[:, :, sl], lse[:, :, sl] = merge(out[:, :, sl], lse[:, :, sl], o, l)
@@ -161,8 +168,28 @@ def start_backward(ctx, dout, dlse):
     it, dq_acc zeros (B, H, L_local, D) in the accumulation dtype."""
     c: Call = ctx.c
     q, k, v, out, lse = ctx.saved_tensors
-    saved = (q.to(c.acc), out, lse, dout.to(c.acc), dlse.to(c.acc))
+    dout, dlse = dout.to(c.acc), dlse.to(c.acc)
+    q_acc = q.to(c.acc)
+    if c.geom.mask is not None or not nonfinite.all_finite(q_acc):
+        # as `ops.nonfinite` in one process: poisoned rows pass no gradient (NaN stays out of
+        # every other row's), their weights are recomputed as those of a dead row
+        dead = torch.isnan(lse)  # (B, H, L_local): rows the forward set to NaN
+        if bool(dead.any()):
+            dout = dout.masked_fill(dead[..., None], 0.0)
+            dlse = dlse.masked_fill(dead, 0.0)
+            out = out.masked_fill(dead[..., None], 0.0)
+            lse = lse.masked_fill(dead, float("-inf"))
+        q_acc = _finite_rows(q_acc)
+    saved = (q_acc, out, lse, dout, dlse)
     return c, q, k, v, saved, torch.zeros_like(saved[0])
+
+
+def _finite_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (B, H|Hkv, n, D) with the rows that hold NaN/Inf zeroed (`ops.nonfinite`'s cleaning)."""
+    if nonfinite.all_finite(x):
+        return x
+    bad = ~torch.isfinite(x).all(-1, keepdim=True)  # (B, H, n, 1)
+    return x.masked_fill(bad, 0.0)
 
 
 def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
@@ -175,15 +202,27 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
     dv = torch.zeros(v_buf.shape, dtype=c.acc, device=v_buf.device)
     for qi, r, kp, allowed in c.pairs(k_pieces, q_acc):
         causal = allowed is CAUSAL
-        blk = (q_acc[:, :, r], _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc),
-               None if causal else allowed, c.scale, c.softcap)
+        kb, vb, bad = _clean_keys(c, _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc))
+        blk = (q_acc[:, :, r], kb, vb, None if causal else allowed, c.scale, c.softcap)
         grads = (out[:, :, r], lse[:, :, r], dout[:, :, r], dlse[:, :, r])
         if c.dropout_p > 0:  # the forward's mask again, from the same positions
             dq_b, dk_b, dv_b = dropout_backward(*blk, keep(c, q_acc, qi, r, kp), c.dropout_p,
                                                 *grads)
         else:
             dq_b, dk_b, dv_b = block_backward(*blk, *grads, is_causal=causal)
+        if bad is not None:  # one process: the cleaned copy of a poisoned position takes them
+            dk_b, dv_b = dk_b.masked_fill(bad, 0.0), dv_b.masked_fill(bad, 0.0)
         dq_acc[:, :, r].add_(dq_b)
         _rows(dk, kp).add_(dk_b)
         _rows(dv, kp).add_(dv_b)
     return dk, dv
+
+
+def _clean_keys(c: Call, k: torch.Tensor, v: torch.Tensor):
+    """(k, v, bad (B, Hkv, m, 1) or None): under a masked call, the positions whose key or value
+    holds NaN/Inf zeroed, as `ops.nonfinite.clean` does in one process (a call without a mask
+    computes with them, as one process does)."""
+    if c.geom.mask is None or (nonfinite.all_finite(k) and nonfinite.all_finite(v)):
+        return k, v, None
+    bad = ~(torch.isfinite(k).all(-1, keepdim=True) & torch.isfinite(v).all(-1, keepdim=True))
+    return k.masked_fill(bad, 0.0), v.masked_fill(bad, 0.0), bad

@@ -208,3 +208,32 @@ class Exchange:
         for op in self.logged:
             _log(op)
         self.logged = []
+
+
+def group_ranks(group) -> list[int]:
+    """The global ranks of `group` (None: the whole world), in group order."""
+    return dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
+
+
+def is_world(group) -> bool:
+    return group is None or group is dist.group.WORLD
+
+
+def group_timeout(group, default_s: float) -> float:
+    """The timeout `group` was made with, seconds (`default_s` where it cannot be read)."""
+    try:
+        g = dist.group.WORLD if group is None else group
+        return g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:  # a backend without readable options
+        return default_s
+
+
+def new_group(ranks: list[int], timeout_s: float, local: bool):
+    """A process group of the global `ranks`, every wait bounded by `timeout_s`; `local`: only
+    its members take part (torch's use_local_synchronization), else every process enters."""
+    return dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s),
+                          use_local_synchronization=local)
+
+
+def backend(group) -> str:
+    return str(dist.get_backend(group)) if is_initialized() else "none"

@@ -14,7 +14,8 @@ a key row is B·Hkv·(D + Dv) elements; c[r][s] = how many of rank s's keys rank
 - allgather, all ranks need all: forward (P−1)·n key rows in two all-gathers; backward the same
   again + (P−1)·n gradient rows (a) in two reduce-scatters. Otherwise the ring's transfers, all
   at once.
-- ulysses: q, k, v, and out with lse side by side, each move (P−1)/P of their shard in one
+- ulysses: q, k, v (k and v with lcm(Hkv, P) heads: replicated when P does not divide Hkv), and
+  out with lse side by side, each move (P−1)/P of their shard in one
   all-to-all each, forward; their gradients the same backward, the lse's always (zeros where a
   loss does not use it), so every loss sends the same.
 - messages: a send is one; a collective counts P − 1 each way (as `comm` counts them).
@@ -33,16 +34,19 @@ what the code does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from attnlab.distributed.blockcost import block_compute_s
 from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.grouped import GroupedGeometry
 from attnlab.distributed.layouts import check_layout
 from attnlab.errors import AttnlabError
 from attnlab.masks import Mask, causal
 
-STRATEGIES = ("ring", "allgather", "ulysses")
+STRATEGIES = ("ring", "allgather", "ulysses", "hybrid")
 #: what "auto" assumes when the call does not say: a datacenter link and chip
 DEFAULT_LINK_GBPS, DEFAULT_TFLOPS = 100.0, 100.0
 #: per-message latency, µs: a typical inter-node message over InfiniBand / RoCE (NCCL; a few µs
@@ -127,8 +131,10 @@ def effective_mask(mask: Mask | None, is_causal: bool) -> Mask | None:
 
 def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype: torch.dtype,
              link_gbps: float, tflops: float, latency_us: float = 0.0,
-             per_head_mask: bool = False) -> dict[str, Estimate]:
-    """Every strategy's Estimate for this geometry and these sizes."""
+             per_head_mask: bool = False,
+             masked_tflops: float | None = None) -> dict[str, Estimate]:
+    """Every strategy's Estimate for this geometry and these sizes; with `masked_tflops` (a
+    calibration's), ring and allgather compute the area of their tiles (`blockcost`)."""
     P = geom.world
     e = torch.empty((), dtype=dtype).element_size()
     a = 8 if dtype == torch.float64 else 4
@@ -173,23 +179,107 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
     else:
         out["allgather"] = make("allgather", *p2p, flops, False)
 
-    if H % P or Hkv % P or per_head_mask:
-        why = (f"needs query heads H = {H} and key/value heads Hkv = {Hkv} divisible by "
-               f"world = {P}" if H % P or Hkv % P else "a per-head mask cannot be split by heads")
+    blocks = None if masked_tflops is None else block_compute_s(
+        geom, B=B, H=H, D=D, Dv=Dv, tflops=tflops, masked_tflops=masked_tflops)
+    if blocks is not None:  # what the block path computes, at the two measured rates
+        for s in ("ring", "allgather"):
+            out[s] = replace(out[s], compute_s=blocks)
+    why = ulysses_why_not(H, Hkv, P, per_head_mask)
+    if why:
         out["ulysses"] = Estimate("ulysses", False, why)
     elif P == 1:
         out["ulysses"] = make("ulysses", *[zeros] * 8, flops, False)
     else:
-        nq = geom.q.n_max
-        lse = B * H * nq * a  # lse travels in the accumulation dtype
-        tensors = [B * H * nq * D * e, B * Hkv * n * D * e, B * Hkv * n * Dv * e,
-                   B * H * nq * Dv * e, lse]
-        moved = sum((P - 1) * t // P for t in tensors)  # the same again backward
+        moved = ulysses_moved(B, H, ulysses_kv_heads(Hkv, P), D, Dv, geom.q.n_max, n, P, e, a)
         even = [sum(flops) / P] * P  # every rank runs all tokens of H/P heads
         m = [4 * (P - 1)] * P  # all-to-alls of q, k, v and out + lse; of their gradients
         out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [moved] * P, [moved] * P,
                               m, m, m, m, even, False)
     return out
+
+
+def ulysses_kv_heads(Hkv: int, P: int) -> int:
+    """Key/value heads that travel in an all-to-all over P ranks: lcm(Hkv, P). Hkv itself when P
+    divides it; otherwise each head is replicated lcm/Hkv times (P a multiple of Hkv: P/Hkv
+    copies, one per rank), so every rank gets whole heads for its H/P query heads (lcm(Hkv, P)
+    divides H whenever P and Hkv do)."""
+    return Hkv * P // math.gcd(Hkv, P)
+
+
+def ulysses_why_not(H: int, Hkv: int, P: int, per_head_mask: bool) -> str:
+    """Why the head split does not go over P ranks ("" when it does)."""
+    if H % P:
+        return (f"needs query heads H = {H} divisible by world = {P} (each rank attends H/P "
+                f"whole heads; key/value heads Hkv = {Hkv} are replicated as needed)")
+    return "a per-head mask cannot be split by heads" if per_head_mask else ""
+
+
+def ulysses_moved(B, H, K, D, Dv, nq, n, P, e, a) -> int:
+    """Bytes one rank sends (and receives) in a pass of the head all-to-alls over P ranks: q
+    (B, H, nq, D), k and v (B, K, n, D|Dv) with K = ulysses_kv_heads, and out with the lse
+    (B, H, nq, Dv + a/e) — (P−1)/P of each; the backward moves their gradients, the same."""
+    tensors = [B * H * nq * D * e, B * K * n * D * e, B * K * n * Dv * e, B * H * nq * Dv * e,
+               B * H * nq * a]  # the lse travels in the accumulation dtype
+    return sum((P - 1) * t // P for t in tensors)
+
+
+@dataclass(frozen=True)
+class HybridEstimate(Estimate):
+    """An Estimate whose head all-to-alls (`a2a_s`, inside groups) wait, while its ring part
+    (the rest of comm_s, across groups) overlaps compute."""
+
+    a2a_s: float = 0.0
+    ulysses_size: int = 1
+
+    @property
+    def time_s(self) -> float:
+        return self.a2a_s + max(self.comm_s - self.a2a_s, self.compute_s)
+
+
+def hybrid_why_not(H: int, Hkv: int, P: int, U: int | None, per_head_mask: bool) -> str:
+    if U is None:
+        return "needs ulysses_size=U, the ranks of a group (a divisor of world)"
+    if isinstance(U, bool) or not isinstance(U, int) or U < 1 or P % U:
+        return f"needs ulysses_size U dividing world = {P}, got {U!r}"
+    return ulysses_why_not(H, Hkv, U, per_head_mask)
+
+
+def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype,
+                    U: int | None, intra_gbps: float, inter_gbps: float, tflops: float,
+                    latency_us: float, per_head_mask: bool = False,
+                    masked_tflops: float | None = None) -> Estimate:
+    """Bytes, messages, FLOPs and time of strategy "hybrid" on every rank (rank r = g·U + j:
+    member j of group g): the head all-to-alls over U ranks (each one's (U−1)/U of q, k, v, out
+    with lse; their gradients backward) at intra_gbps, plus the ring over the R groups for H/U
+    query heads and lcm(Hkv, U)/U key/value heads at inter_gbps."""
+    P = geom.world
+    why = hybrid_why_not(H, Hkv, P, U, per_head_mask)
+    if why:
+        return HybridEstimate("hybrid", False, why)
+    R, K = P // U, ulysses_kv_heads(Hkv, U)
+    e = torch.empty((), dtype=dtype).element_size()
+    a = 8 if dtype == torch.float64 else 4
+    geo = GroupedGeometry(geom.L, geom.S, R, geom.layout, geom.mask, U=U)
+    ring = estimate(geo, B=B, H=H // U, Hkv=K // U, D=D, Dv=Dv, dtype=dtype,
+                    link_gbps=inter_gbps, tflops=tflops, latency_us=latency_us,
+                    masked_tflops=masked_tflops)["ring"]
+    moved = ulysses_moved(B, H, K, D, Dv, geom.q.n_max, geom.k.n_max, U, e, a) if U > 1 else 0
+    msgs = 4 * (U - 1)  # all-to-alls of q, k, v and out + lse; of their gradients
+    of = [r // U for r in range(P)]  # the group (ring rank) of each rank
+
+    def per_rank(xs, add):
+        return [xs[g] + add for g in of]
+
+    fs, fr = per_rank(ring.fwd_sent, moved), per_rank(ring.fwd_recv, moved)
+    bs, br = per_rank(ring.bwd_sent, moved), per_rank(ring.bwd_recv, moved)
+    mfs, mfr = per_rank(ring.fwd_msgs_sent, msgs), per_rank(ring.fwd_msgs_recv, msgs)
+    mbs, mbr = per_rank(ring.bwd_msgs_sent, msgs), per_rank(ring.bwd_msgs_recv, msgs)
+    lat = latency_us * 1e-6
+    a2a = 2 * moved / (intra_gbps * 1e9 / 8) + 2 * msgs * lat  # forward + backward, waited on
+    flops = [ring.flops_fwd[g] for g in of]
+    return HybridEstimate("hybrid", True, "", fs, fr, bs, br, flops, a2a + ring.comm_s,
+                          ring.compute_s, True, mfs, mfr, mbs, mbr,
+                          2 * msgs * lat + ring.latency_s, a2a_s=a2a, ulysses_size=U)
 
 
 #: predicted times within this factor of the best count as a tie, broken by fewer bytes
@@ -223,11 +313,19 @@ def _ms(s: float) -> str:
 def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = None,
          is_causal: bool = False, layout: str = "zigzag", dtype=torch.bfloat16, batch: int = 1,
          S: int | None = None, Dv: int | None = None, link_gbps: float = DEFAULT_LINK_GBPS,
-         tflops: float = DEFAULT_TFLOPS, latency_us: float = DEFAULT_LATENCY_US) -> Plan:
+         tflops: float = DEFAULT_TFLOPS, latency_us: float = DEFAULT_LATENCY_US,
+         ulysses_size: int | None = None, intra_gbps: float | None = None,
+         inter_gbps: float | None = None, calibration=None) -> Plan:
     """Predicted bytes, FLOPs, balance and time of every strategy for one attention call.
 
         >>> p = plan(4096, 8, 8, 64, 4, mask=masks.causal(), layout="zigzag")   # doctest: +SKIP
         >>> p["ring"].fwd_sent[0], p["ring"].load, p.choice
+
+    ulysses_size: U, also plan strategy "hybrid" (groups of U consecutive ranks).
+    intra_gbps / inter_gbps: two link tiers, inside a group of U ranks and between groups
+        (default: link_gbps both); strategies over all P ranks run at inter_gbps.
+    calibration: a `Calibration` (`attnlab.distributed.calibrate`): its measured link,
+        latency, compute (and tiers) replace link_gbps, latency_us, tflops, intra/inter_gbps.
     """
     check_layout(layout)
     dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
@@ -242,7 +340,9 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
             raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
     if H % Hkv:
         raise AttnlabError(f"Hkv: query heads H = {H} must be a multiple of Hkv = {Hkv}")
-    for name, v in (("link_gbps", link_gbps), ("tflops", tflops)):
+    link_gbps, intra_gbps, tflops, latency_us = links(link_gbps, intra_gbps, inter_gbps, tflops,
+                                                      latency_us, calibration)
+    for name, v in (("link_gbps", link_gbps), ("intra_gbps", intra_gbps), ("tflops", tflops)):
         if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0):
             raise AttnlabError(f"{name}: expected a positive number, got {v!r}")
     if isinstance(latency_us, bool) or not (isinstance(latency_us, (int, float))
@@ -254,10 +354,30 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
     geom = Geometry(L, S, world, layout, m)
     est = estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype, link_gbps=link_gbps,
                    tflops=tflops, latency_us=latency_us,
-                   per_head_mask=m is not None and m.heads > 1)
+                   per_head_mask=m is not None and m.heads > 1,
+                   masked_tflops=getattr(calibration, "masked_tflops", None))
+    if ulysses_size is not None:
+        est["hybrid"] = hybrid_estimate(geom, B=batch, H=H, Hkv=Hkv, D=D, Dv=Dv, dtype=dtype,
+                                        U=ulysses_size, intra_gbps=intra_gbps,
+                                        inter_gbps=link_gbps, tflops=tflops,
+                                        latency_us=latency_us,
+                                        per_head_mask=m is not None and m.heads > 1,
+                                        masked_tflops=getattr(calibration, "masked_tflops",
+                                                              None))
     ch = choose(est)
     return Plan(L, S, world, layout, "full" if m is None else repr(m), est, ch.strategy,
                 ch.reason)
+
+
+def links(link_gbps, intra_gbps, inter_gbps, tflops, latency_us, calibration=None):
+    """(inter-group link, intra-group link, tflops, latency µs) from the arguments of `plan`:
+    a calibration's measured numbers when given, else inter_gbps (default link_gbps) between
+    groups and intra_gbps (default the inter link) inside them."""
+    if calibration is not None:
+        return (calibration.inter_gbps, calibration.intra_gbps, calibration.tflops,
+                calibration.latency_us)
+    inter = link_gbps if inter_gbps is None else inter_gbps
+    return inter, inter if intra_gbps is None else intra_gbps, tflops, latency_us
 
 
 def explain(L: int, H: int, Hkv: int, D: int, world: int, **kwargs) -> StrategyChoice:

@@ -119,14 +119,15 @@ class Geometry:
         owner = torch.empty(L, dtype=torch.int64)  # the rank of each query position
         for r in range(P):
             owner[self.q.positions(r)] = r
-        has = torch.zeros(P, full.shape[0])  # (P, nQ): 1 where rank r has a row in tile i
+        # (P, nQ): 1 where rank r has a row in tile i
+        has = torch.zeros(P, full.shape[0], dtype=torch.float32)
         has[owner, torch.arange(L) // bq] = 1.0
         exact = int(partial.sum()) * bq * bk * m.batch_size * m.heads <= EXACT_BUDGET
         by_tile = (has @ (full if exact else live).float()) > 0  # (P, nQ) @ (nQ, nK)
         need = by_tile.repeat_interleave(bk // kb, dim=1)[:, :nkb].clone()  # (P, nKb)
         if not exact:
             return need
-        hits = torch.zeros(P, nkb)
+        hits = torch.zeros(P, nkb, dtype=torch.float32)
         for i in torch.nonzero(partial.any(1)).flatten().tolist():
             rows = torch.arange(i * bq, min((i + 1) * bq, L))
             cols = torch.cat([torch.arange(j * bk, min((j + 1) * bk, S))

@@ -1,8 +1,12 @@
 """Ulysses strategy: all-to-all from sequence shards to head shards, attention on the whole
 sequence for H/P heads, all-to-all back.
 
-Each rank ends up with every token of H/P query heads and Hkv/P key/value heads (so H and Hkv must
-both divide by P), puts the tokens in global order and runs `attnlab.attention` with the mask
+Each rank ends up with every token of H/P query heads (so H must divide by P) and of the
+key/value heads they read: Hkv/P of them when P divides Hkv; otherwise (GQA with fewer key/value
+heads than ranks, MQA, ...) each key/value head is replicated lcm(Hkv, P)/Hkv times before the
+all-to-all, as DeepSpeed-Ulysses does, so every rank receives whole heads
+(`cost.ulysses_kv_heads`; the replicas' gradients sum back through autograd). It puts the tokens
+in global order and runs `attnlab.attention` with the mask
 itself, which skips empty tiles and keeps memory linear in L. Autograd runs through the
 all-to-alls (each one's backward is the other). out and lse go back to the sequence shards in one
 all-to-all (their bytes side by side), and their gradients come back in one: the lse's always, zeros
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from attnlab.distributed import comm, keyed
 from attnlab.distributed.attend import SCORE_BUDGET, Call
 from attnlab.distributed.blocks import dropout_backward, dropout_forward
+from attnlab.distributed.cost import ulysses_kv_heads
 
 
 class _SeqToHeads(torch.autograd.Function):
@@ -117,6 +122,9 @@ def ulysses_attention(q, k, v, c: Call, *, mask, enable_gqa: bool):
         x = F.pad(x, (0, 0, 0, n_max - x.shape[2]))
         return _SeqToHeads.apply(x, c, "forward") if P > 1 else x
 
+    rep = ulysses_kv_heads(k.shape[1], P) // k.shape[1]
+    if rep > 1:  # (B, Hkv, n, D) -> (B, lcm(Hkv, P), n, D): head h's copies side by side
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     qh, kh, vh = to_heads(q, gq.n_max), to_heads(k, gk.n_max), to_heads(v, gk.n_max)
     q_order, k_order = gq.owner_order().to(q.device), gk.owner_order().to(q.device)
     qg = qh.index_select(2, q_order)  # (B, H/P, L, D) in global token order
@@ -126,7 +134,8 @@ def ulysses_attention(q, k, v, c: Call, *, mask, enable_gqa: bool):
                                        c.rank * qg.shape[1])
         out = out.to(q.dtype)
     else:
-        out, lse = attention(qg, kg, vg, mask=mask, scale=c.scale, enable_gqa=enable_gqa,
+        out, lse = attention(qg, kg, vg, mask=mask, scale=c.scale,
+                             enable_gqa=enable_gqa or kg.shape[1] != qg.shape[1],
                              softcap=c.softcap, return_lse=True)
     # back to rank-concatenated padded order; padded rows read one extra zero / -inf row
     back = torch.full((P * gq.n_max,), gq.n, dtype=torch.int64)

@@ -30,11 +30,10 @@ def block_bounds(n: int, size: int, device=None) -> tuple[torch.Tensor, torch.Te
 
 
 def classify(full: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
-    """int8 tile classes from two bool tensors of the same shape; `full` wins ties never arise."""
-    out = torch.full(full.shape, PARTIAL, dtype=torch.int8, device=full.device)
-    out[full] = FULL
-    out[empty] = EMPTY
-    return out
+    """int8 tile classes from two bool tensors of the same shape (`empty` wins a tie; none arises
+    from exact classes). torch.where, not boolean indexing: no host sync on a device."""
+    kind = lambda c: torch.tensor(c, dtype=torch.int8, device=full.device)  # noqa: E731
+    return torch.where(empty, kind(EMPTY), torch.where(full, kind(FULL), kind(PARTIAL)))
 
 
 def as_4d(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +78,11 @@ class Mask:
         """An equal, simpler mask for an L×S score matrix; None when it allows every pair."""
         return self
 
+    def _intervals(self, L: int, S: int, device):
+        """(lo, hi) int64 broadcastable to (Bm, Hm, L) when every row's keys form one interval
+        lo <= j < hi, else None. Subclasses that are interval-shaped override this."""
+        return None
+
     # -- public API ----------------------------------------------------------------------------
     def block(self, rows, cols, L: int, S: int) -> torch.Tensor:
         """bool (Bm, Hm, len(rows), len(cols)): the mask at these query rows and key columns."""
@@ -92,6 +96,21 @@ class Mask:
         rows = torch.arange(L, device=device)
         cols = torch.arange(S, device=device)
         return self.block(rows, cols, L, S)
+
+    def intervals(self, L: int, S: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-row key intervals: int32 (lo, hi) of shape (Bm, Hm, L) with Bm, Hm in {1, B},
+        {1, H}, such that query i may attend key j exactly when lo <= j < hi; an empty row has
+        lo = hi = 0. None when some row's keys are not one interval. O(L), no L×S matrix."""
+        L, S = _size("L", L), _size("S", S)
+        self.check(L, S)
+        got = self._intervals(L, S, device)
+        if got is None:
+            return None
+        lo, hi = (torch.as_tensor(x, device=device).clamp(0, S) for x in got)
+        lo, hi = torch.broadcast_tensors(_rows3(lo, L), _rows3(hi, L))
+        live = lo < hi
+        lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
+        return lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
 
     def tiles(self, L: int, S: int, block_q: int, block_k: int, device=None) -> torch.Tensor:
         """int8 (Bm, Hm, ceil(L/block_q), ceil(S/block_k)): EMPTY=0, PARTIAL=1, FULL=2 per tile."""
@@ -110,6 +129,13 @@ class Mask:
 
     def __invert__(self) -> Mask:
         return Not(self)
+
+
+def _rows3(x: torch.Tensor, L: int) -> torch.Tensor:
+    """A per-row tensor as (Bm|1, Hm|1, L): leading 1s added, a broadcast row dim expanded."""
+    while x.dim() < 3:
+        x = x.unsqueeze(0)
+    return x.expand(*x.shape[:-1], L)
 
 
 def _size(name: str, n, least: int = 0) -> int:
@@ -165,6 +191,9 @@ class _Binary(Mask):
 class And(_Binary):
     op = "&"
 
+    def _intervals(self, L, S, device):
+        return _and_intervals(self, L, S, device)
+
     def _block(self, rows, cols, L, S):
         return as_4d(self.a._block(rows, cols, L, S)) & as_4d(self.b._block(rows, cols, L, S))
 
@@ -174,8 +203,42 @@ class And(_Binary):
         return classify((ta == FULL) & (tb == FULL), (ta == EMPTY) | (tb == EMPTY))
 
 
+def _both_intervals(m: _Binary, L, S, device):
+    a = m.a._intervals(L, S, device)
+    b = None if a is None else m.b._intervals(L, S, device)
+    return None if b is None else (a, b)
+
+
+def _and_intervals(self: _Binary, L, S, device):
+    got = _both_intervals(self, L, S, device)
+    if got is None:
+        return None
+    (lo_a, hi_a), (lo_b, hi_b) = got
+    return torch.maximum(_rows3(lo_a, L), _rows3(lo_b, L)), torch.minimum(
+        _rows3(hi_a, L), _rows3(hi_b, L))
+
+
+def _or_intervals(self: _Binary, L, S, device):
+    """The union of two intervals is one where they overlap or touch, or one is empty."""
+    got = _both_intervals(self, L, S, device)
+    if got is None:
+        return None
+    (lo_a, hi_a), (lo_b, hi_b) = ((_rows3(x, L).clamp(0, S) for x in p) for p in got)
+    lo_a, hi_a, lo_b, hi_b = torch.broadcast_tensors(lo_a, hi_a, lo_b, hi_b)
+    ea, eb = lo_a >= hi_a, lo_b >= hi_b
+    if not bool((ea | eb | (torch.maximum(lo_a, lo_b) <= torch.minimum(hi_a, hi_b))).all()):
+        return None
+    lo = torch.where(ea, lo_b, torch.where(eb, lo_a, torch.minimum(lo_a, lo_b)))
+    hi = torch.where(ea, hi_b, torch.where(eb, hi_a, torch.maximum(hi_a, hi_b)))
+    return lo, hi
+
+
+
 class Or(_Binary):
     op = "|"
+
+    def _intervals(self, L, S, device):
+        return _or_intervals(self, L, S, device)
 
     def _block(self, rows, cols, L, S):
         return as_4d(self.a._block(rows, cols, L, S)) | as_4d(self.b._block(rows, cols, L, S))
@@ -184,6 +247,7 @@ class Or(_Binary):
         ta = as_4d(self.a._tiles(q_lo, q_hi, k_lo, k_hi, L, S))
         tb = as_4d(self.b._tiles(q_lo, q_hi, k_lo, k_hi, L, S))
         return classify((ta == FULL) | (tb == FULL), (ta == EMPTY) & (tb == EMPTY))
+
 
 
 class Not(Mask):

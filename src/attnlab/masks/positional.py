@@ -7,6 +7,8 @@ last key, which is what decoding with a KV cache needs (L new queries after S - 
 
 from __future__ import annotations
 
+import torch
+
 from attnlab.errors import AttnlabError, check_choice
 from attnlab.masks.base import Mask, classify
 from attnlab.masks.sequence import KeyPrefix
@@ -50,6 +52,10 @@ class Causal(Mask):
         off = _offset(self.align, L, S)
         return classify(k_hi <= q_lo + off, k_lo > q_hi + off)
 
+    def _intervals(self, L, S, device):
+        hi = torch.arange(L, device=device) + _offset(self.align, L, S) + 1  # (L,): keys j <= i
+        return torch.zeros_like(hi), hi
+
     def __repr__(self):
         return f"causal(align={self.align!r})"
 
@@ -80,6 +86,10 @@ class SlidingWindow(Mask):
         # distance d = i + off - j over the tile ranges from (q_lo - k_hi) to (q_hi - k_lo)
         d_min, d_max = q_lo + off - k_hi, q_hi + off - k_lo
         return classify((d_min >= 0) & (d_max < size), (d_max < 0) | (d_min >= size))
+
+    def _intervals(self, L, S, device):
+        hi = torch.arange(L, device=device) + _offset(self.align, L, S) + 1  # (L,)
+        return hi - self._size(L, S), hi
 
     def __repr__(self):
         return f"sliding_window({self.size}, align={self.align!r})"

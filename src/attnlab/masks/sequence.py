@@ -26,6 +26,10 @@ class KeyPrefix(Mask):
         return classify((k_hi < n).expand(-1, 1, q_lo.shape[0], -1),
                         (k_lo >= n).expand(-1, 1, q_lo.shape[0], -1))
 
+    def _intervals(self, L, S, device):
+        n = self.lengths.to(device)[:, None, None]  # (Bm, 1, 1)
+        return torch.zeros_like(n), n
+
     def __repr__(self):
         return f"key_prefix({self.lengths.tolist()})"
 
@@ -99,6 +103,12 @@ class Padding(Mask):
         empty = (k_lo >= kl) | (q_lo >= ql)
         return classify(*torch.broadcast_tensors(full, empty))
 
+    def _intervals(self, L, S, device):
+        kl, ql = (x[..., 0] for x in self._limits(device))  # (Bm, 1, 1) each
+        rows = torch.arange(L, device=device)  # (L,)
+        hi = torch.where(rows < ql, kl.clamp(max=S), 0)  # padded query rows see nothing
+        return torch.zeros_like(hi), hi
+
     def __repr__(self):
         kl = None if self.key_lengths is None else self.key_lengths.tolist()
         ql = None if self.query_lengths is None else self.query_lengths.tolist()
@@ -115,13 +125,15 @@ def _segments(name: str, x) -> torch.Tensor:
 
 
 def _block_ranges(seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """min and max segment id within each block [lo, hi] of every row of seg (B, N)."""
-    size = int((hi[0] - lo[0]).item()) + 1 if lo.numel() else 1
-    n_blocks = lo.numel()
-    pad = n_blocks * size - seg.shape[1]
-    padded = torch.cat([seg, seg[:, -1:].expand(-1, pad)], dim=1) if pad > 0 else seg
-    blocks = padded.reshape(seg.shape[0], n_blocks, size)  # (B, nBlocks, size)
-    return blocks.amin(-1), blocks.amax(-1)
+    """min and max segment id within each block [lo, hi] of every row of seg (B, N); block ids
+    from searchsorted, so no block size is read back from the device."""
+    B, N = seg.shape
+    blk = (torch.searchsorted(lo.contiguous(), torch.arange(N, device=seg.device), right=True)
+           - 1).expand(B, N)  # (B, N): block of each position
+    big = torch.iinfo(torch.int64).max
+    lo_id = torch.full((B, lo.numel()), big, dtype=seg.dtype, device=seg.device)
+    hi_id = torch.full((B, lo.numel()), -big - 1, dtype=seg.dtype, device=seg.device)
+    return lo_id.scatter_reduce_(1, blk, seg, "amin"), hi_id.scatter_reduce_(1, blk, seg, "amax")
 
 
 class Document(Mask):
@@ -167,6 +179,31 @@ class Document(Mask):
         full = (q_min == q_max) & (k_min == k_max) & (q_min == k_min)
         empty = (q_max < k_min) | (k_max < q_min)
         return classify(*torch.broadcast_tensors(full, empty))[:, None]  # (Bm, 1, nQ, nK)
+
+    def _intervals(self, L, S, device):
+        """Each key segment must be one run of equal ids; a query's interval is its id's run."""
+        q_seg, kv_seg = self.q_seg.to(device), self.kv_seg.to(device)
+        B = max(q_seg.shape[0], kv_seg.shape[0])
+        lo = torch.zeros(B, 1, L, dtype=torch.int64, device=device)
+        hi = torch.zeros_like(lo)
+        for b in range(B):
+            ids, qs = kv_seg[b % kv_seg.shape[0]], q_seg[b % q_seg.shape[0]]
+            if ids.numel() == 0:
+                continue
+            starts = torch.cat([ids.new_ones(1, dtype=torch.bool), ids[1:] != ids[:-1]])
+            first = starts.nonzero()[:, 0]  # (runs,) where each run of equal ids starts
+            run_ids = ids[first]
+            order = torch.argsort(run_ids)
+            sorted_ids = run_ids[order]
+            if bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
+                return None  # an id in two runs: its keys are not one interval
+            ends = torch.cat([first[1:], first.new_tensor([S])])
+            at = torch.searchsorted(sorted_ids, qs).clamp(max=len(order) - 1)
+            found = sorted_ids[at] == qs
+            run = order[at]
+            lo[b, 0] = torch.where(found, first[run], 0)
+            hi[b, 0] = torch.where(found, ends[run], 0)
+        return lo, hi
 
     def __repr__(self):
         return f"document(segment_ids of shape {fmt_shape(self.q_seg.shape)})"

@@ -34,6 +34,7 @@ def attention(
     backend: str = "auto",
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    score_mod=None,
 ):
     """Scaled dot-product attention: softmax(query · keyᵀ · scale + mask) · value.
 
@@ -63,7 +64,14 @@ def attention(
         softcap: tanh soft-capping of the scaled scores, softcap · tanh(s / softcap) (Gemma 2),
             applied before any bias or mask.
         alibi_slopes: (H,) ALiBi slopes; adds slope_h · (j - i) to head h's scores. Only the
-            lse depends on the diagonal's alignment; the output does not.
+            lse depends on the diagonal's alignment; the output does not. For symmetric ALiBi,
+            (B, H) slopes or bottom-right / ragged alignment, pass score_mod=masks.alibi(...).
+        score_mod: FlexAttention's score_mod(score, b, h, q_idx, kv_idx) -> score, applied to
+            the scaled scores before any other modifier, written with elementwise tensor ops
+            (attnlab calls it on broadcast index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx
+            (1, 1, L, 1), kv_idx (1, 1, 1, S); torch's Flex on scalars). Forward and backward
+            on "math" (autograd, also into tensors fn captures), "tiled" (its plain path; no
+            gradient into captured tensors) and "flex"; "reference" computes it in float64.
 
     All masks given (attn_mask, is_causal, mask) apply together: a pair may attend only if every
     one allows it. A query row that may attend to nothing gets output 0 and lse -inf, never NaN;
@@ -76,7 +84,7 @@ def attention(
         AttnlabError: on bad input, naming the argument and showing the shapes.
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
     check_choice("backend", backend, dispatch.BACKENDS)
     out, lse = dispatch.run(backend, p, need_lse=return_lse)
     return (out, lse) if return_lse else out
@@ -84,10 +92,10 @@ def attention(
 
 def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False, *, mask=None, return_lse=False, softcap=None,
-                   alibi_slopes=None) -> dispatch.Choice:
+                   alibi_slopes=None, score_mod=None) -> dispatch.Choice:
     """Which backend `attention(..., backend="auto")` would run for these inputs, and why."""
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
     return dispatch.choose(p, need_lse=return_lse)
 
 
@@ -112,6 +120,7 @@ def attention_with_weights(
     backend: str = "auto",
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    score_mod=None,
 ):
     """`attention`'s output and the exact attention weights of the rows asked for, in one call.
 
@@ -127,7 +136,7 @@ def attention_with_weights(
         (out, lse, weights) with `return_lse=True`. The weights are those before dropout.
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
     check_choice("backend", backend, dispatch.BACKENDS)
     out, lse, w = run_with_weights(p, backend=backend, rows=rows)
     return (out, lse, w) if return_lse else (out, w)

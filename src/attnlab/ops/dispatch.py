@@ -11,7 +11,18 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.ops import budget, fused_cpu, nonfinite, numpy_ref, plain, sdpa, tiled
+from attnlab.ops import (
+    budget,
+    flex,
+    fused_cpu,
+    nonfinite,
+    nonfinite_device,
+    numpy_ref,
+    plain,
+    sdpa,
+    tiled,
+)
+from attnlab.ops.kernels import runner as interval
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -40,8 +51,16 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     d = p.dims
     if _empty(p):
         return Choice("math", "empty input: nothing to compute")
+    if on_device(p):
+        return _choose_device(p, need_lse)
     if _mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
+    if p.score_mod is not None:
+        return Choice("tiled", "score_mod: the tiled kernel's plain path calls it on each chunk "
+                               "(forward and backward); the fused and interval kernels cannot")
+    if (p.structured is not None or p.has_modifiers or need_lse) and _interval(p):
+        return Choice("tiled", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
+                               f"({_isa()}) computes only each row's key interval")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
     if need_lse and not fused_cpu.applies(p):
@@ -61,6 +80,70 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     if dens > DENSE_ENOUGH:
         return Choice("sdpa", f"mask keeps {dens:.0%} of the tiles: dense mask, fused kernel")
     return Choice("tiled", f"structured mask: the tiled kernel visits {dens:.0%} of the tiles")
+
+
+def on_device(p: Problem) -> bool:
+    """The call runs on an accelerator (CUDA): SDPA's and Flex's device kernels, no host syncs."""
+    return p.query.device.type == "cuda"
+
+
+def _choose_device(p: Problem, need_lse: bool) -> Choice:
+    """The "auto" choice on CUDA: SDPA (flash / cuDNN / efficient) where it expresses the call
+    exactly (no mask, top-left causal, a dense attn_mask), compiled FlexAttention for structured
+    masks, mask functions, score_mods and the lse, which SDPA's CUDA kernels don't return."""
+    if _mask_grad(p):
+        return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
+    flexible = p.has_modifiers or (p.structured is not None and not p.is_plain_causal)
+    if p.dropout_p > 0:
+        if flexible:
+            return Choice("math", "dropout with a structured mask or score modifier: FlexAttention "
+                                  "has no dropout, so autograd through math")
+        return Choice("sdpa", "dropout: PyTorch's fused kernel")
+    if not flex.available():
+        return Choice("math" if flexible or need_lse else "sdpa",
+                      "this torch has no FlexAttention")
+    if p.query.dtype not in (torch.float16, torch.bfloat16, torch.float32) and (
+            flexible or need_lse):
+        return Choice("math", f"{p.query.dtype}: FlexAttention's CUDA kernels take fp16, bf16 "
+                              "and fp32, so autograd through math")
+    if p.score_mod is not None:
+        return Choice("flex", "score_mod: compiled FlexAttention calls it inside the kernel")
+    if p.has_modifiers:
+        return Choice("flex", "softcap/ALiBi: compiled FlexAttention as a score_mod")
+    if p.structured is not None and not p.is_plain_causal:
+        return Choice("flex", "structured mask: compiled FlexAttention skips the empty tiles "
+                              "(a BlockMask from the mask's tile classes)")
+    if need_lse:
+        return Choice("flex", "log-sum-exp requested: SDPA's CUDA kernels don't return it")
+    if p.attn_mask is not None:
+        return Choice("sdpa", "a dense attn_mask: PyTorch's fused kernel with it")
+    if p.is_plain_causal:
+        return Choice("sdpa", "top-left causal: PyTorch's fused kernel with is_causal=True")
+    return Choice("sdpa", "no mask: PyTorch's fused kernel (flash / cuDNN / efficient)")
+
+
+def _interval_why(p: Problem, need_lse: bool) -> str:
+    if p.structured is not None:
+        return "interval-shaped mask"
+    return "softcap/ALiBi" if p.has_modifiers else "log-sum-exp requested"
+
+
+def _isa() -> str:
+    from attnlab.ops import kernels
+
+    return kernels.status().isa or "?"
+
+
+def _interval(p: Problem) -> bool:
+    """The interval kernel runs this call (never one with a score_mod: it cannot call it)."""
+    return p.score_mod is None and interval.applies(p)
+
+
+def _run_tiled(p: Problem, need_lse: bool):
+    """Backend "tiled": the interval kernel for interval-shaped calls, else the tiled loop."""
+    if _interval(p):
+        return interval.forward(p, need_lse)
+    return tiled.forward(p, need_lse)
 
 
 def _run_sdpa(p: Problem, need_lse: bool):
@@ -84,27 +167,38 @@ def _mask_grad(p: Problem) -> bool:
 RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
     "sdpa": _run_sdpa,
     "math": lambda p, need_lse: plain.forward(p),
-    "tiled": tiled.forward,
+    "tiled": _run_tiled,
     "reference": lambda p, need_lse: numpy_ref.forward(p),
+    "flex": flex.forward,
 }
 BACKENDS = ("auto", *RUNNERS)
 
 
-def run(name: str, p: Problem, need_lse: bool):
+def run(name: str, p: Problem, need_lse: bool, *, clean_always: bool = False):
     """(out, lse or None) from backend `name`, "auto" resolved here.
 
     Every backend gets the same treatment of empty inputs, of the memory limit of dense paths
-    (`budget`) and of NaN/Inf in keys and values (`nonfinite`).
+    (`budget`) and of NaN/Inf in queries, keys and values (`nonfinite`; `clean_always`: keys and
+    values too when the call has no mask, for a block of a masked context-parallel call).
     """
     if name == "auto":
         name = choose(p, need_lse).backend
     if _empty(p):
         return plain.forward(p)  # empty in, empty out: the same on every backend
     _check_budget(name, p, need_lse)
-    p, bad = nonfinite.clean(p)
+    if on_device(p):  # no host syncs on a device; a NaN query row is NaN through the kernel
+        p, bad = nonfinite_device.clean(p)
+        out, lse = RUNNERS[name](p, need_lse)
+        if bad is not None:
+            out, lse = nonfinite_device.poison(p, bad, out, lse)
+        return out, lse
+    p, bad = nonfinite.clean(p, always=clean_always)
+    p, bad_q = nonfinite.clean_queries(p)
     out, lse = RUNNERS[name](p, need_lse)
     if bad is not None:
         out, lse = nonfinite.poison(p, bad, out, lse)
+    if bad_q is not None:
+        out, lse = nonfinite.poison_queries(p, bad_q, out, lse)
     return out, lse
 
 

@@ -78,6 +78,7 @@ def forward(q, k, v, *, scale: float, attn_mask=None, is_causal: bool = False,
     broadcastable to (B, H, L), False for rows the mask leaves empty (their lse becomes -inf);
     derived from attn_mask when not given.
     """
+    q, scale = fold_scale(q, scale, is_causal)
     q, k, v = laid_out(q), laid_out(k), laid_out(v)
     out, lse = getattr(torch.ops.aten, FWD)(q, k, v, 0.0, is_causal, attn_mask=attn_mask,
                                              scale=scale)  # (B, H, L, Dv), (B, H, L)
@@ -95,7 +96,8 @@ def backward(dout, q, k, v, out, lse, *, scale: float, attn_mask=None, is_causal
 
     A row with lse -inf (nothing to attend) gets zero gradient.
     """
-    extra = 0
+    extra, given = 0, scale
+    q, scale = fold_scale(q, scale, is_causal)
     if dlse is not None:
         q, k, v, out, dout, extra = with_lse_grad(q, k, v, out, dout, dlse)
     q, k, v, out, dout = (laid_out(x) for x in (q, k, v, out, dout))
@@ -104,7 +106,19 @@ def backward(dout, q, k, v, out, lse, *, scale: float, attn_mask=None, is_causal
                                               attn_mask=attn_mask, scale=scale)
     if extra:
         dq, dk, dv = (x[..., :-extra] for x in (dq, dk, dv))  # (.., D + extra) -> (.., D)
+    if scale != given:  # folded: the kernel's q was q·scale
+        dq = dq * given
     return dq, dk, dv
+
+
+def fold_scale(q: torch.Tensor, scale: float, is_causal: bool) -> tuple[torch.Tensor, float]:
+    """(q, scale) as PyTorch's fused kernels compute them right: with is_causal they mask the
+    scores before scaling, so a scale <= 0 turns the masked −inf into +inf or NaN (every row
+    NaN). There the scale goes into q (q·scale, then scale 1): the same scores up to one
+    rounding, within the FlashAttention rule."""
+    if is_causal and not scale > 0:
+        return q * scale, 1.0
+    return q, scale
 
 
 def lse_columns(dtype: torch.dtype) -> int:

@@ -3,15 +3,19 @@
 Rule: a query row is NaN (output and lse) exactly when it may attend a key position whose key
 or value holds a NaN or Inf; every other row is computed as if that position held zeros. So
 poison in a position no row attends never shows, and poison a row does attend reaches that row
-and no other, whatever the backend, tile size or kernel.
+and no other, whatever the backend, tile size or kernel. A query row that itself holds a NaN or
+Inf is NaN when it may attend anything (a row with nothing to attend stays 0 / lse −inf): the
+fused CPU kernel alone returns such a row as 0 with a finite lse at some sizes.
 
 Kernels alone would not give this: a masked score is NaN + (-inf) = NaN in a fused kernel, and
 a zero weight times a NaN value is NaN in any matmul, so one poisoned key spreads to every row
 that shares its tile or its matmul. Instead the positions are zeroed before the kernel runs and
 the rows that may attend them are set to NaN after it.
 
-Cost: one reduction over key and value per call (two more passes only when poison is present).
-Calls without any mask skip it: every row attends every key there, so nothing can spread.
+Cost: one reduction over query, key and value per call (more passes only when poison is
+present). Calls without any mask skip the key/value part: every row attends every key there, so
+nothing can spread (`clean(..., always=True)` cleans them anyway: a context-parallel block that
+is one piece of a masked call).
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.detach().sum()))
 
 
-def clean(p: Problem) -> tuple[Problem, torch.Tensor | None]:
-    """(p with poisoned key/value positions zeroed, bad bool (..., Hkv, S) or None)."""
-    if p.structured is None and p.attn_mask is None:
+def clean(p: Problem, *, always: bool = False) -> tuple[Problem, torch.Tensor | None]:
+    """(p with poisoned key/value positions zeroed, bad bool (..., Hkv, S) or None).
+
+    always: clean even a call without any mask (see the module docstring)."""
+    if p.structured is None and p.attn_mask is None and not always:
         return p, None
     if p.key.numel() == 0 or p.value.numel() == 0 or p.query.numel() == 0:
         return p, None
@@ -46,6 +52,41 @@ def clean(p: Problem) -> tuple[Problem, torch.Tensor | None]:
     key = torch.where(bad[..., None], zero, p.key)  # (..., Hkv, S, D)
     value = torch.where(bad[..., None], zero, p.value)
     return dataclasses.replace(p, key=key, value=value, finite=True), bad
+
+
+def clean_queries(p: Problem) -> tuple[Problem, torch.Tensor | None]:
+    """(p with query rows holding NaN/Inf zeroed, bad_q bool (..., H, L) or None)."""
+    if p.query.numel() == 0 or all_finite(p.query):
+        return p, None
+    bad = ~torch.isfinite(p.query.detach()).all(-1)  # (..., H, L)
+    zero = torch.zeros((), dtype=p.query.dtype, device=p.query.device)
+    return dataclasses.replace(p, query=torch.where(bad[..., None], zero, p.query)), bad
+
+
+def poison_queries(p: Problem, bad_q: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor | None):
+    """out, lse with NaN in every row of `bad_q` (..., H, L) that may attend some key."""
+    rows = bad_q & live_rows(p, bad_q)
+    nan = torch.tensor(float("nan"), dtype=out.dtype, device=out.device)
+    out = torch.where(rows[..., None], nan, out)
+    if lse is not None:
+        lse = torch.where(rows, float("nan"), lse)
+    return out, lse
+
+
+def live_rows(p: Problem, bad_q: torch.Tensor) -> torch.Tensor:
+    """bool broadcastable to (..., H, L): True for the rows of `bad_q` that may attend some key
+    (the others need not be evaluated: only they are asked)."""
+    rows = bad_q.reshape(-1, p.dims.L).any(0).nonzero().squeeze(1)  # bad somewhere, ascending
+    if p.structured is None and p.attn_mask is None:
+        return torch.ones((), dtype=torch.bool, device=bad_q.device)
+    live = torch.zeros(bad_q.shape, dtype=torch.bool, device=bad_q.device)  # (..., H, L)
+    step = max(1, BLOCK_ENTRIES // max(1, p.dims.S * max(1, live.numel() // p.dims.L)))
+    for r0 in range(0, rows.numel(), step):
+        r = rows[r0:r0 + step]
+        allowed = p.allowed_at(rows=r)  # (..., H|1, nr, S)
+        live[..., r] |= allowed.any(-1)
+    return live
 
 
 def poison(p: Problem, bad: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None):

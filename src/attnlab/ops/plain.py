@@ -28,6 +28,11 @@ def score_matrix(p: Problem, allowed, bias) -> torch.Tensor:
     if d.groups > 1:
         k = k.repeat_interleave(d.groups, dim=-3)  # (..., Hkv, S, D) -> (..., H, S, D)
     s = scores.product(q, k, p.scale)  # (..., H, L, D) @ (..., H, D, S) -> (..., H, L, S)
+    if p.score_mod is not None:
+        ar = torch.arange
+        s4 = s.reshape(-1, d.H if d.ndim > 2 else 1, d.L, d.S)  # (..., H, L, S) -> (B, H, L, S)
+        s = scores.apply_score_mod(p.score_mod, s4, ar(d.L, device=q.device),
+                                   ar(d.S, device=q.device)).reshape(s.shape)
     rows = cols = None
     if p.alibi_slopes is not None:  # ALiBi needs the positions i and j
         rows, cols = torch.arange(d.L, device=q.device), torch.arange(d.S, device=q.device)

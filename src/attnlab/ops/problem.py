@@ -9,6 +9,7 @@ call `allowed_at` and `bias_at`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,9 @@ class Problem:
     attn_mask: torch.Tensor | None  # SDPA's mask: bool (True = attend) or float (added)
     softcap: float | None = None  # scores -> softcap · tanh(scores / softcap), before any bias
     alibi_slopes: torch.Tensor | None = None  # (H,): adds slope_h · (j - i) to the scores
+    #: FlexAttention's score_mod(score, b, h, q_idx, kv_idx) -> score, bound to this call; applied
+    #: to the scaled product before every other modifier (`ops.scores.apply_score_mod`)
+    score_mod: Callable | None = None
     finite: bool = False  # key and value are known to hold no NaN/Inf (checked once per call)
     #: what a call derives once from its masks (the tiled plan), shared by copies of the Problem
     memo: dict = field(default_factory=dict, repr=False, compare=False)
@@ -63,7 +67,8 @@ class Problem:
     @property
     def has_modifiers(self) -> bool:
         """Score modifiers PyTorch's fused kernel cannot apply."""
-        return self.softcap is not None or self.alibi_slopes is not None
+        return (self.softcap is not None or self.alibi_slopes is not None
+                or self.score_mod is not None)
 
     @property
     def is_plain_causal(self) -> bool:

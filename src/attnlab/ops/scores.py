@@ -5,6 +5,7 @@ Every path that computes attention scores (the math backend, the tiled kernel's 
 
     s = (q @ kᵀ) · scale                # the product first, then the scale, as PyTorch's fused
                                         # kernel rounds it (so its lse fits these scores)
+    s = score_mod(s, b, h, i, j)        # a user's FlexAttention-style modifier, when given
     s = softcap · tanh(s / softcap)     # Gemma 2's soft-capping, when softcap is set
     s = s + slope_h · (j - i)           # ALiBi, when slopes are set
     s = s + bias                        # SDPA's float attn_mask
@@ -59,6 +60,29 @@ def modify(s: torch.Tensor, *, softcap: float | None = None, slopes: torch.Tenso
         else:
             s = s.masked_fill(~allowed, NEG_INF)
     return s, t
+
+
+def apply_score_mod(fn, s: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """fn(s, b, h, q_idx, kv_idx) on scores s (B, H, R, C), FlexAttention's convention with
+    broadcast indices: b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, R, 1) = rows, kv_idx
+    (1, 1, 1, C) = cols (global positions). Returns (B, H, R, C) in s's dtype."""
+    from attnlab.errors import AttnlabError
+
+    B, H, R, C = s.shape
+    dev = s.device
+    b = torch.arange(B, device=dev)[:, None, None, None]  # (B, 1, 1, 1)
+    h = torch.arange(H, device=dev)[None, :, None, None]  # (1, H, 1, 1)
+    out = fn(s, b, h, rows[None, None, :, None], cols[None, None, None, :])
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        raise AttnlabError(f"score_mod: must return a float tensor of scores, got "
+                           f"{getattr(out, 'dtype', type(out).__name__)}")
+    if tuple(out.shape) != (B, H, R, C):
+        try:
+            out = out.expand(B, H, R, C)
+        except RuntimeError:
+            raise AttnlabError(f"score_mod: returned shape {tuple(out.shape)}, expected the "
+                               f"scores' (B, H, R, C) = ({B}, {H}, {R}, {C})") from None
+    return out.to(s.dtype)
 
 
 def _fits(s: torch.Tensor, x: torch.Tensor) -> bool:

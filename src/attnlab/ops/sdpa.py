@@ -34,9 +34,10 @@ def forward(p: Problem, *, need_lse: bool):
     mask, is_causal = _dense_for_sdpa(p)
     if need_lse:
         return _flash_cpu(p, mask, is_causal)
+    q, scale = fused_cpu.fold_scale(p.query, p.scale, is_causal)  # a scale <= 0 with causal
     out = F.scaled_dot_product_attention(
-        p.query, p.key, p.value, attn_mask=mask, dropout_p=p.dropout_p, is_causal=is_causal,
-        scale=p.scale, enable_gqa=p.dims.groups > 1,
+        q, p.key, p.value, attn_mask=mask, dropout_p=p.dropout_p, is_causal=is_causal,
+        scale=scale, enable_gqa=p.dims.groups > 1,
     )
     return out, None
 

@@ -18,7 +18,7 @@ from attnlab.ops.problem import Dims, Problem
 
 
 def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *,
-                 mask, softcap=None, alibi_slopes=None) -> Problem:
+                 mask, softcap=None, alibi_slopes=None, score_mod=None) -> Problem:
     """Validate a call once and fold its masks together."""
     dims = check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
     if dims.ndim > 2:  # SDPA broadcasts batch dims (a key/value batch of 1 serves all): views
@@ -36,7 +36,21 @@ def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         scale=check_scale(scale, dims.D), dropout_p=check_dropout(dropout_p),
         structured=structured, attn_mask=attn_mask,
         softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, dims, query.device),
+        score_mod=check_score_mod(score_mod, dims, query.device),
     )
+
+
+def check_score_mod(fn, dims, device):
+    """A score_mod bound to this call: a modifier with `bind(dims, device)` (masks.alibi) is
+    bound to its lengths and device; any other callable is taken as it is."""
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise AttnlabError(
+            f"score_mod: expected a callable score_mod(score, b, h, q_idx, kv_idx), got "
+            f"{type(fn).__name__}")
+    bind = getattr(fn, "bind", None)
+    return bind(dims, device) if callable(bind) else fn
 
 
 def check_softcap(softcap) -> float | None:

@@ -37,6 +37,7 @@ def attention_weights(
     enable_gqa: bool = False,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    score_mod=None,
 ) -> torch.Tensor:
     """Rows of softmax(query · keyᵀ · scale + mask), exactly, from the lse of `attention`.
 
@@ -45,7 +46,8 @@ def attention_weights(
         key: (..., Hkv, S, D).
         lse: (..., H, L), the log-sum-exp the attention call returned.
         rows: which query rows: None (all), an int, a slice, or a sequence/1-D tensor of ints.
-        mask, scale, attn_mask, is_causal, enable_gqa, softcap, alibi_slopes: exactly as passed to
+        mask, scale, attn_mask, is_causal, enable_gqa, softcap, alibi_slopes, score_mod: exactly
+            as passed to
             the attention call (the weights are only right for the same masks and modifiers).
 
     Returns:
@@ -53,7 +55,7 @@ def attention_weights(
         each row sums to 1, a row with nothing to attend is all 0.
     """
     p = make_problem(query, key, None, attn_mask, 0.0, is_causal, scale, enable_gqa, mask=mask,
-                     softcap=softcap, alibi_slopes=alibi_slopes)
+                     softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
     check_lse(p, lse, query)
     return rows_of(p, lse, row_indices(rows, p.dims.L, p.query.device))
 
@@ -90,10 +92,13 @@ def rows_of(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     s = scores.product(q, k.to(acc), p.scale)  # (.., Hkv, G·R, D) @ (.., Hkv, D, S') -> (.., S')
     if d.ndim > 2:
         s = s.reshape(*d.batch, d.H, R, -1)  # (..., Hkv, G·R, S') -> (..., H, R, S')
-    cols = None  # (S',) global key positions, for ALiBi and a float attn_mask
-    if p.alibi_slopes is not None or p.bias_at() is not None:
+    cols = None  # (S',) global key positions, for ALiBi, a score_mod and a float attn_mask
+    if p.has_modifiers or p.bias_at() is not None:
         every_col = torch.arange(d.S, device=idx.device)
         cols = keys if isinstance(keys, torch.Tensor) else every_col[keys]
+    if p.score_mod is not None:
+        s4 = s.reshape(-1, d.H if d.ndim > 2 else 1, R, s.shape[-1])  # (..., H, R, S') -> 4-D
+        s = scores.apply_score_mod(p.score_mod, s4, idx, cols).reshape(s.shape)
     s, _ = scores.modify(s, softcap=p.softcap,
                          slopes=scores.head_slopes(p.alibi_slopes, d.ndim, acc), rows=idx,
                          cols=cols, bias=p.bias_at(idx, None if every else cols),

@@ -34,6 +34,7 @@ Caution: no gradient flows to a float `attn_mask` or to ALiBi slopes (they are c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,10 @@ class Setup:
     fused: bool  # inner step on PyTorch's fused flash kernel (fused.py) instead of pure ops
     finite: bool  # k and v hold no NaN/Inf: masked key columns need no zeroing
     shift_invariant: bool = False  # the mask depends only on i - j (causal, sliding window)
+    score_mod: Callable | None = None  # the call's bound score_mod (plain path only)
+    #: chunk masks kept across calls by a mask that offers a store (`FunctionMask.memo`): a mask
+    #: function is not shift invariant, so this is its stand-in for `cache`
+    memo: dict | None = None
     cache: dict = field(default_factory=dict)  # chunk masks by diagonal offset and shape
 
 
@@ -99,7 +104,31 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         finite=p.finite or (all_finite(p.key) and all_finite(p.value)),
         shift_invariant=(p.attn_mask is None and p.structured is not None
                          and p.structured.shift_invariant),
+        score_mod=p.score_mod,
+        memo=_memo(p, fused),
     )
+
+
+#: most mask entries one mask's store keeps across calls (chunk biases in the input dtype)
+MEMO_ENTRIES = 1 << 24
+
+
+def _memo(p: Problem, fused: bool) -> dict | None:
+    """The structured mask's store for this shape, when it offers one and masks alone."""
+    store = getattr(p.structured, "memo", None)
+    if p.attn_mask is not None or not callable(store):
+        return None
+    d = p.dims
+    return store(("tiled.chunks", d.L, d.S, d.batch, d.Hkv, d.groups, str(p.query.dtype),
+                  str(p.query.device), fused))
+
+
+def _remember(st: Setup, key, value, entries: int) -> None:
+    """Keep a chunk's mask in the store while it holds fewer than MEMO_ENTRIES entries."""
+    used = st.memo.get("entries", 0)
+    if used + entries <= MEMO_ENTRIES:
+        st.memo[key] = value
+        st.memo["entries"] = used + entries
 
 
 def _bias4(p: Problem) -> torch.Tensor | None:
@@ -174,10 +203,17 @@ def bias_chunk(st: Setup, q0: int, q1: int, ch: Chunk) -> torch.Tensor:
 def chunk_allowed(st: Setup, q0: int, q1: int, ch: Chunk, device) -> torch.Tensor | None:
     """bool (B|1, Hkv|1, G|1, bq, ck): which pairs of this chunk may attend (None = all)."""
     allowed = None
+    key = ("allowed", q0, q1, ch.k0, ch.k1)
+    if st.memo is not None and key in st.memo:
+        return st.memo[key]
     if st.structured is not None:
         rows = torch.arange(q0, q1, device=device)
         cols = torch.arange(ch.k0, ch.k1, device=device)
         allowed = _flat_batch(st.structured.block(rows, cols, st.L, st.S), st)  # (Bm, Hm, bq, ck)
+        if st.memo is not None:  # the mask alone: kept for the next call of this shape
+            allowed = heads5(allowed, st)
+            _remember(st, key, allowed, allowed.numel())
+            return allowed
     if st.bias is not None:
         b = bias_chunk(st, q0, q1, ch)
         b = b if b.dtype == torch.bool else b != float("-inf")
@@ -196,13 +232,17 @@ def alive_columns(st: Setup, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_scores(st: Setup, qb: torch.Tensor, k: torch.Tensor, q0: int, q1: int, ch: Chunk,
-                 allowed: torch.Tensor | None):
-    """(s (N, G·bq, ck) scores, t = tanh(raw/softcap) or None for the softcap gradient).
+                 allowed: torch.Tensor | None, grad: bool = False):
+    """(s (N, G·bq, ck) scores, t = tanh(raw/softcap) or None for the softcap gradient,
+    mod_vjp: ds -> ds through the score_mod, or None without one or without `grad`).
 
     qb: (N, G·bq, D) query rows and k: (N, ck, D) the chunk's keys, both in the accumulation dtype.
     """
     N, bq, ck = qb.shape[0], q1 - q0, ch.k1 - ch.k0
     s = scores.product(qb, k, st.scale)  # (N, G·bq, D) @ (N, D, ck) -> (N, G·bq, ck)
+    mod_vjp = None
+    if st.score_mod is not None:
+        s, mod_vjp = _score_mod(st, s, q0, q1, ch, grad)
     rows = cols = None
     if st.slopes is not None:  # ALiBi needs the global positions i and j
         rows = torch.arange(q0, q1, device=s.device)
@@ -214,7 +254,29 @@ def chunk_scores(st: Setup, qb: torch.Tensor, k: torch.Tensor, q0: int, q1: int,
                           softcap=st.softcap, slopes=st.slopes, rows=rows, cols=cols, bias=bias,
                           allowed=allowed)
     s = s5.view(N, st.G * bq, ck)  # (B, Hkv, G, bq, ck) -> (N, G·bq, ck)
-    return s, None if t is None else t.view(N, st.G * bq, ck)  # 5-D -> (N, G·bq, ck)
+    return s, None if t is None else t.view(N, st.G * bq, ck), mod_vjp  # 5-D -> (N, G·bq, ck)
+
+
+def _score_mod(st: Setup, s: torch.Tensor, q0: int, q1: int, ch: Chunk, grad: bool):
+    """(score_mod(s) (N, G·bq, ck), its vector-Jacobian product or None) for one chunk; the
+    heads of a key/value head are stacked along the rows, so (N, G·bq, ck) is (B, H, bq, ck)."""
+    N, bq, ck = s.shape[0], q1 - q0, ch.k1 - ch.k0
+    rows = torch.arange(q0, q1, device=s.device)
+    cols = torch.arange(ch.k0, ch.k1, device=s.device)
+    s4 = s.view(st.B, st.Hkv * st.G, bq, ck)  # (N, G·bq, ck) -> (B, H, bq, ck)
+    if not grad:
+        with torch.no_grad():
+            return scores.apply_score_mod(st.score_mod, s4, rows, cols).view(N, -1, ck), None
+    raw = s4.detach().requires_grad_(True)
+    with torch.enable_grad():
+        out = scores.apply_score_mod(st.score_mod, raw, rows, cols)  # (B, H, bq, ck)
+
+    def vjp(ds: torch.Tensor) -> torch.Tensor:  # d(score_mod)ᵀ · ds, (N, G·bq, ck)
+        g, = torch.autograd.grad(out, raw, ds.view_as(out))
+        return g.view(N, -1, ck)
+
+    # a copy: the caller turns the scores into weights in place, and out's backward may read out
+    return out.detach().clone().view(N, -1, ck), vjp
 
 
 def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
@@ -226,6 +288,9 @@ def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
     key = (q0 - ch.k0, q1 - q0, ch.k1 - ch.k0)
     if st.shift_invariant and st.finite and key in st.cache:
         return kc, vc, *st.cache[key]  # the same diagonal offset has the same mask
+    mkey = ("fused", q0, q1, ch.k0, ch.k1)
+    if st.memo is not None and st.finite and mkey in st.memo:
+        return kc, vc, *st.memo[mkey]  # this chunk of this mask, kept from an earlier call
     allowed = chunk_allowed(st, q0, q1, ch, k.device)  # (B|1, Hkv|1, G|1, bq, ck)
     if not st.finite:  # 0·NaN is NaN: zero the columns no row of this chunk attends
         alive = alive_columns(st, allowed).view(st.B, st.Hkv, -1, 1)  # (N, ck, 1) -> 4-D
@@ -241,6 +306,8 @@ def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
     row_alive = rows.reshape(*rows.shape[:2], st.G * bq)  # -> (B|1, Hkv|1, G·bq), kernel rows
     if st.shift_invariant:
         st.cache[key] = (bias, row_alive)
+    elif st.memo is not None:
+        _remember(st, mkey, (bias, row_alive), bias.numel())
     return kc, vc, bias, row_alive
 
 
@@ -309,7 +376,7 @@ def _pure_fwd_rows(st: Setup, q5, k, v, q0, q1, chunks, gen):
         allowed = chunk_allowed(st, q0, q1, ch, qb.device) if ch.masked else None
         if allowed is not None and not st.finite:  # 0·NaN is NaN: zero unattended columns
             vc = torch.where(alive_columns(st, allowed), vc, 0.0)
-        s, _ = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
+        s, _, _ = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (N, G·bq, 1)
         shift = scores.exp_shift(m_new)
         p = torch.exp(s - shift)  # (N, G·bq, ck)
@@ -410,7 +477,7 @@ def _pure_bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv,
         if allowed is not None and not st.finite:
             alive = alive_columns(st, allowed)
             kc, vc = torch.where(alive, kc, 0.0), torch.where(alive, vc, 0.0)
-        s, t = chunk_scores(st, qb, kc, q0, q1, ch, allowed)  # (N, G·bq, ck)
+        s, t, mod_vjp = chunk_scores(st, qb, kc, q0, q1, ch, allowed, grad=True)
         p = s.sub_(lse_b).exp_()  # the weights, in place of the scores
         dp = torch.bmm(dob, vc.transpose(1, 2))  # (N, G·bq, Dv) @ (N, Dv, ck) -> (N, G·bq, ck)
         pz = p
@@ -421,6 +488,8 @@ def _pure_bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv,
         ds = dp.sub_(delta).mul_(p)  # (N, G·bq, ck): P · (dP - δ), in place of dP
         if t is not None:
             ds.mul_(t.mul_(t).neg_().add_(1.0))  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
+        if mod_vjp is not None:  # through the score_mod: its Jacobian (elementwise), by autograd
+            ds = mod_vjp(ds)
         dqb.baddbmm_(ds, kc)  # (N, G·bq, ck) @ (N, ck, D) -> (N, G·bq, D)
         # (N, ck, G·bq) @ (N, G·bq, D) -> (N, ck, D), times the scale
         dk3[:, ch.k0:ch.k1].baddbmm_(ds.transpose(1, 2), qb, alpha=st.scale)

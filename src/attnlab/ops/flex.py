@@ -1,0 +1,234 @@
+"""Backend "flex": torch's FlexAttention, compiled, fed a BlockMask built from attnlab's own tiles.
+
+attnlab's masks already classify (query-block, key-block) tiles as EMPTY / PARTIAL / FULL on the
+call's device (`Mask.tiles`); those classes become FlexAttention's BlockMask directly
+(`BlockMask.from_kv_blocks`): EMPTY tiles are skipped, FULL tiles run without the mask, PARTIAL
+tiles evaluate the mask's `mask_mod` (for `from_function` masks the user's function itself, for the
+built-in kinds their own `block` on the kernel's scalar indices). Everything else of the call
+becomes one score_mod, in the order of attnlab's score pipeline (`ops.scores`): the user's
+score_mod, softcap, ALiBi, SDPA's float attn_mask. A bool attn_mask joins the mask.
+
+Where it runs: CUDA (the kernel "auto" picks for structured masks, mask functions and score_mods
+there; forward and backward, lse), and CPU (torch compiles the forward only: no backward, and the
+lse comes from torch's eager, unfused Flex; "auto" never picks it on CPU). torch.compile is set up
+once per process and reused; the first call of each shape and mask pays the compile.
+
+Caution: no dropout (FlexAttention has none); in a BlockMask, batch and heads the mask does not
+depend on are broadcast (size 1), as create_block_mask(B=None, H=None) makes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+import weakref
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.masks import FULL, PARTIAL, FunctionMask, Mask, from_dense
+from attnlab.ops.problem import Problem
+
+#: FlexAttention's tile: the BlockMask's query and key block size
+BLOCK = 128
+#: per mask object: its BlockMasks by (L, S, device), so a mask reused across layers and steps is
+#: classified once (entries die with the mask)
+_BLOCK_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def available() -> bool:
+    """torch ships FlexAttention (torch >= 2.5)."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compiled() -> bool:
+    """Run through torch.compile (default); ATTNLAB_FLEX_COMPILE=0 runs torch's eager Flex,
+    which materialises the scores (for debugging mask/score mods, and the quick tests)."""
+    return os.environ.get("ATTNLAB_FLEX_COMPILE", "1") != "0"
+
+
+@functools.lru_cache(maxsize=2)
+def _kernel(compile_it: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if compile_it else flex_attention
+
+
+def forward(p: Problem, need_lse: bool):
+    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32 or None)."""
+    if not available():
+        raise AttnlabError('backend: "flex" needs torch >= 2.5 (torch.nn.attention.flex_attention)')
+    if p.dropout_p > 0:
+        raise AttnlabError('dropout_p: backend "flex" has no dropout (FlexAttention has none); '
+                           'pass dropout_p=0 or use backend="tiled"')
+    d, dev = p.dims, p.query.device
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (p.query, p.key, p.value))
+    if dev.type == "cpu" and grad:
+        raise AttnlabError('backend: "flex" on CPU has no backward (torch compiles FlexAttention '
+                           'for inference only there); use backend="tiled" to train on CPU')
+    B = 1
+    for n in d.batch:
+        B *= n
+    q = p.query.reshape(B, d.H, d.L, d.D)  # (..., H, L, D) -> (B, H, L, D)
+    k = p.key.reshape(B, d.Hkv, d.S, d.D)  # (..., Hkv, S, D) -> (B, Hkv, S, D)
+    v = p.value.reshape(B, d.Hkv, d.S, d.Dv)  # (..., Hkv, S, Dv) -> (B, Hkv, S, Dv)
+    mask = _mask_of(p)
+    bm = None if mask is None else block_mask(mask, d.L, d.S, dev)
+    # torch compiles Flex on CPU for inference without an lse: an lse there comes from eager Flex
+    fused = compiled() and not (dev.type == "cpu" and need_lse)
+    with warnings.catch_warnings():  # eager Flex warns that it is unfused: we chose it
+        warnings.filterwarnings("ignore", message=".*without torch.compile")
+        out, lse = run_kernel(_kernel(fused), q, k, v, need_lse, score_mod=score_mod_of(p, B),
+                              block_mask=bm, scale=p.scale, enable_gqa=d.groups > 1)
+    out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
+    return out, lse.reshape(p.query.shape[:-1]) if need_lse else None  # (B, H, L) -> (..., H, L)
+
+
+def run_kernel(fn, q, k, v, need_lse: bool, **kw):
+    """(out, lse or None) from FlexAttention `fn`: the one place that calls the kernel (tests
+    replace it to walk the device path on tensors no kernel can run on)."""
+    if not need_lse:
+        return fn(q, k, v, **kw), None
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    out, aux = fn(q, k, v, return_aux=AuxRequest(lse=True), **kw)
+    return out, aux.lse
+
+
+def _mask_of(p: Problem) -> Mask | None:
+    """The call's structured mask and bool attn_mask as one attnlab Mask (None: no mask)."""
+    mask = p.structured
+    m = p.attn_mask
+    if m is not None and m.dtype == torch.bool:
+        d = p.dims
+        m4 = _bias4(m, d)  # (B|1, H|1, L|1, S|1)
+        dense = from_dense(m4.expand(*m4.shape[:2], d.L, d.S))
+        mask = dense if mask is None else mask & dense
+    return mask
+
+
+def _bias4(m: torch.Tensor, d) -> torch.Tensor:
+    """SDPA's attn_mask (..., H|1, L|1, S|1) as (B|1, H|1, L|1, S|1), batch dims flattened."""
+    n = len(d.scores_shape)
+    m = m.reshape((1,) * (n - m.dim()) + tuple(m.shape))  # n dims
+    if d.ndim == 2:
+        return m[None, None]  # (L|1, S|1) -> (1, 1, L|1, S|1)
+    nb = len(d.batch)
+    if all(s == 1 for s in m.shape[:nb]):
+        return m.reshape(1, *m.shape[nb:])  # (1, .., 1, H|1, L|1, S|1) -> (1, H|1, L|1, S|1)
+    m = m.expand(*d.batch, *m.shape[nb:])
+    return m.reshape(-1, *m.shape[nb:])  # (*batch, H|1, L|1, S|1) -> (B, H|1, L|1, S|1)
+
+
+def block_mask(mask: Mask, L: int, S: int, device):
+    """FlexAttention's BlockMask from the mask's own tile classes on `device` (no host sync:
+    counts and index lists come from sums and a stable argsort of the classes)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    per = _BLOCK_MASKS.setdefault(mask, {})
+    key = (L, S, str(device))
+    if key not in per:
+        t = mask.tiles(L, S, BLOCK, BLOCK, device=device)  # (Bm, Hm, nQ, nK) int8
+        partial, full = _kv_blocks(t == PARTIAL), _kv_blocks(t == FULL)
+        per[key] = BlockMask.from_kv_blocks(*partial, *full, BLOCK_SIZE=BLOCK,
+                                            mask_mod=mask_mod_of(mask, L, S, device),
+                                            seq_lengths=(L, S))
+    return per[key]
+
+
+def _kv_blocks(sel: torch.Tensor):
+    """(counts (Bm, Hm, nQ) int32, indices (Bm, Hm, nQ, nK) int32): the selected key blocks of
+    each query block first, in ascending order."""
+    num = sel.sum(-1, dtype=torch.int32)  # (Bm, Hm, nQ)
+    idx = torch.argsort((~sel).to(torch.uint8), dim=-1, stable=True)  # selected first
+    return num, idx.to(torch.int32)
+
+
+def mask_mod_of(mask: Mask, L: int, S: int, device=None):
+    """The mask as FlexAttention's mask_mod(b, h, q_idx, kv_idx) on scalar indices.
+
+    Compiled Flex lowers a mask_mod into its kernel, so it must be pointwise: arithmetic on the
+    indices and loads from captured tensors, no reshapes or searches. Each kind gets that form
+    here: a mask function is itself; causal and sliding windows are comparisons; band masks
+    (window, ragged_causal, block_diagonal) and any mask with per-row intervals load their row's
+    [lo, hi); padding, prefixes, documents and dense masks load their lengths / ids / bits;
+    `&`, `|`, `~` combine their parts. A kind with none of these is materialised once on the
+    device (L×S bools) and loaded.
+    """
+    from attnlab.masks.base import And, Not, Or
+    from attnlab.masks.dense import Dense
+    from attnlab.masks.positional import Causal, SlidingWindow
+    from attnlab.masks.sequence import Document, KeyPrefix, Padding
+
+    if isinstance(mask, FunctionMask):
+        return mask.fn
+    if isinstance(mask, (And, Or)):
+        a, b = mask_mod_of(mask.a, L, S, device), mask_mod_of(mask.b, L, S, device)
+        if isinstance(mask, And):
+            return lambda bi, h, q, k: a(bi, h, q, k) & b(bi, h, q, k)
+        return lambda bi, h, q, k: a(bi, h, q, k) | b(bi, h, q, k)
+    if isinstance(mask, Not):
+        a = mask_mod_of(mask.a, L, S, device)
+        return lambda bi, h, q, k: ~a(bi, h, q, k)
+    if isinstance(mask, Causal):
+        off = 0 if mask.align == "top_left" else S - L
+        return lambda b, h, q, k: k <= q + off
+    if isinstance(mask, SlidingWindow):
+        off, size = (0 if mask.align == "top_left" else S - L), mask._size(L, S)
+        return lambda b, h, q, k: (k <= q + off) & (k > q + off - size)
+    if isinstance(mask, Padding):
+        kl, ql = (t.reshape(-1).to(device) for t in mask._limits(device))  # (Bm,) each
+        pick = _pick(mask.batch_size)
+        return lambda b, h, q, k: (k < kl[pick(b)]) & (q < ql[pick(b)])
+    if isinstance(mask, KeyPrefix):
+        n, pick = mask.lengths.to(device), _pick(mask.batch_size)
+        return lambda b, h, q, k: k < n[pick(b)]
+    if isinstance(mask, Document):
+        qs, ks = mask.q_seg.to(device), mask.kv_seg.to(device)  # (Bm|1, L), (Bm|1, S)
+        pq, pk = _pick(qs.shape[0]), _pick(ks.shape[0])
+        return lambda b, h, q, k: qs[pq(b), q] == ks[pk(b), k]
+    iv = mask.intervals(L, S, device=device) if hasattr(mask, "intervals") else None
+    if iv is not None:
+        lo, hi = iv  # (Bm|1, Hm|1, L) int32
+        pb, ph = _pick(lo.shape[0]), _pick(lo.shape[1])
+        return lambda b, h, q, k: (k >= lo[pb(b), ph(h), q]) & (k < hi[pb(b), ph(h), q])
+    t = mask.tensor.to(device) if isinstance(mask, Dense) else mask.to_dense(L, S, device)
+    pb, ph = _pick(t.shape[0]), _pick(t.shape[1])
+    return lambda b, h, q, k: t[pb(b), ph(h), q, k]
+
+
+def _pick(n: int):
+    """The index into a dim of size n: the batch/head index itself, or 0 when the dim is
+    broadcast (size 1)."""
+    return (lambda i: i) if n > 1 else (lambda i: 0)
+
+
+def score_mod_of(p: Problem, B: int):
+    """One score_mod with the user's, softcap, ALiBi and a float attn_mask, in the pipeline's
+    order; None when the call has none of them."""
+    user, cap, slopes = p.score_mod, p.softcap, p.alibi_slopes
+    bias = None
+    if p.attn_mask is not None and p.attn_mask.dtype != torch.bool:
+        bias = _bias4(p.attn_mask, p.dims)  # (B|1, H|1, L|1, S|1)
+    if cap is None and slopes is None and bias is None:
+        return user  # the user's own function (or None): the same object call after call, so
+        # torch.compile's guards on it hold and nothing recompiles
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if user is not None:
+            score = user(score, b, h, q_idx, kv_idx)
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if slopes is not None:
+            score = score + slopes[h].to(score.dtype) * (kv_idx - q_idx).to(score.dtype)
+        if bias is not None:
+            idx = [i if n > 1 else 0 for i, n in zip((b, h, q_idx, kv_idx), bias.shape)]
+            score = score + bias[idx[0], idx[1], idx[2], idx[3]].to(score.dtype)
+        return score
+
+    return score_mod

@@ -1,0 +1,87 @@
+"""The interval kernel: compiled CPU attention where each query row attends one key interval.
+
+Query row i attends keys j with lo[i] <= j < hi[i]; causal masks (either alignment), sliding
+windows, documents, prefix-LM, padding and their `&` all give such intervals
+(`Mask.intervals`). The kernel computes only the keys inside each panel's intervals, with
+register-blocked FMA micro-kernels, an online softmax, fused softcap and ALiBi, GQA without
+copies, and a FlashAttention-2 backward (a dK/dV pass and a dQ pass, no atomics); each pass is
+one parallel region over (batch·head, panel) work items, handed out costliest first.
+
+    from attnlab.ops import kernels
+    kernels.status()                       # KernelStatus(built, isa, reason, runnable)
+    kernels.available()                    # builds on first use; False -> PyTorch path
+    out, lse = kernels.interval_attention(q, k, v, lo, hi, scale=0.125)
+
+Files: build.py (ISA, cache, status), gate.py (checks, layouts), kernel.py (the three layers),
+csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp, ops.cpp).
+
+Supported: float32, float16 and bfloat16 inputs (converted to float32 at the gate, accumulated in
+float32; out in q's dtype, lse float32); CPU tensors of any strides (copied at the gate).
+Caution: float64 is not supported (attnlab's other paths compute it in float64); keys and values
+at positions no row attends must be finite (`attnlab.attention` cleans them before calling).
+"""
+
+from __future__ import annotations
+
+from attnlab.ops.kernels.build import ISAS, KernelStatus, runnable, status
+from attnlab.ops.kernels.build import enabled as _enabled
+from attnlab.ops.kernels.build import get as _get
+
+__all__ = ["ISAS", "KernelStatus", "available", "interval_attention", "interval_backward",
+           "interval_forward", "runnable", "status"]
+
+
+def available(isa: str | None = None) -> bool:
+    """True when the kernel can run: not turned off (ATTNLAB_KERNEL=0) and built (on first use)
+    for `isa` (default: ATTNLAB_KERNEL_ISA or the best ISA of this CPU)."""
+    return _enabled() and _get(isa) is not None
+
+
+def interval_forward(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0,
+                     isa=None):
+    """(out, lse) of interval attention, without autograd.
+
+    Args:
+        q: (B, H, L, D). k: (B, Hkv, S, D), v: (B, Hkv, S, Dv); H a multiple of Hkv (query head
+            h reads key/value head h // (H / Hkv), nothing copied).
+        lo, hi: integer (B|1, H|1, L): row i attends keys lo <= j < hi (lo >= hi: nothing).
+        scale: multiplies q·k. softcap: scores -> softcap·tanh(scores/softcap).
+        alibi: slopes (H,) or (B, H): adds slope·(j - i) at global positions q_pos0 + i and
+            k_pos0 + j (a context-parallel block passes its offsets).
+        isa: force one build ("avx512", "avx2", "scalar"); default the chosen one.
+
+    Returns:
+        out (B, H, L, Dv) in q's dtype (rows with no key: 0), lse float32 (B, H, L) (-inf there).
+
+    Raises:
+        AttnlabError on bad arguments; RuntimeError when the kernel is not available.
+    """
+    from attnlab.ops.kernels import gate, kernel
+
+    c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
+                   k_pos0=k_pos0)
+    out, lse, _ = kernel._fwd(c, q, k, v, isa)
+    return out, lse
+
+
+def interval_backward(q, k, v, lo, hi, out, lse, dout, dlse=None, *, scale, softcap=None,
+                      alibi=None, q_pos0=0, k_pos0=0, isa=None):
+    """(dq, dk, dv) of interval attention given its out, lse and their gradients dout (and dlse,
+    None: zero). out and lse may cover more keys than k, v (a context-parallel block): the result
+    is then these keys' share. Rows with lse -inf get zero gradient. Arguments as
+    `interval_forward`."""
+    from attnlab.ops.kernels import gate, kernel
+
+    c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
+                   k_pos0=k_pos0)
+    return kernel._bwd(c, q, k, v, out, lse, dout, dlse, None, isa)
+
+
+def interval_attention(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0,
+                       isa=None):
+    """`interval_forward` with autograd through out and lse (gradients to q, k, v)."""
+    from attnlab.ops.kernels import gate, kernel
+
+    c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
+                   k_pos0=k_pos0)
+    return kernel.IntervalAttention.apply(q, k, v, c, isa)

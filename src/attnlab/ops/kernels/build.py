@@ -1,0 +1,296 @@
+"""Building and loading the interval kernel: which ISA this CPU runs, the cache, the status.
+
+Each ISA is its own build (its own compile flags, its own shared library, its own torch-op
+namespace), compiled on first use by `torch.utils.cpp_extension` with ninja into
+
+    $ATTNLAB_CACHE_DIR (default ~/.cache/attnlab) / kernels / <isa>-<source hash>-torch<version>/
+
+The build runs in a temporary folder that is renamed into place when it is complete, under a file
+lock, so two processes building at once never see half a library. A failure (no compiler, no
+ninja, a compile error) is remembered for the process and warned about once; `available()` is
+then False and attnlab runs its PyTorch path.
+
+Environment: ATTNLAB_KERNEL=0 turns the kernel off; ATTNLAB_KERNEL_ISA=avx512|avx2|scalar forces
+one build (a build this CPU cannot run is reported as unavailable, never run).
+
+Caution: builds need a C++17 compiler (`c++`, or $CXX) and the `ninja` package; a first build
+takes about half a minute on an idle machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+ISAS = ("avx512", "avx2", "scalar")
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp")
+HEADERS = ("interval.h", "tiles.h", "vec.h")
+_X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
+ISA_FLAGS = {
+    "avx512": [*_X86, "-mavx2", "-mfma", "-DATTNLAB_AVX512"],
+    "avx2": ["-mavx2", "-mfma", "-DATTNLAB_AVX2"],
+    "scalar": [],
+}
+#: the /proc/cpuinfo flags an ISA's build needs
+ISA_NEEDS = {
+    "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx2", "fma"},
+    "avx2": {"avx2", "fma"},
+    "scalar": set(),
+}
+COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
+LOCK_WAIT_S = 900.0
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """Where the interval kernel stands in this process.
+
+    built: the chosen ISA's library is loaded (or, from `status(build=False)`, in the cache);
+    isa: the chosen build ("avx512", "avx2", "scalar"), None when the kernel is off;
+    reason: why it is not available, or what was loaded from where;
+    runnable: the ISA builds this CPU can run, best first.
+    """
+
+    built: bool
+    isa: str | None
+    reason: str
+    runnable: tuple[str, ...]
+    cache: str | None = None
+
+
+# lazily filled per process: isa -> torch.ops namespace, or the reason it failed
+_LOADED: dict[str, object] = {}
+_FAILED: dict[str, str] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("ATTNLAB_KERNEL", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; else what PyTorch's own dispatch found)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    import torch
+
+    cap = torch.backends.cpu.get_cpu_capability().upper()
+    return set().union(*(ISA_NEEDS[i] for i in ISAS if cap.startswith(i.upper())))
+
+
+def runnable() -> tuple[str, ...]:
+    """The ISA builds this CPU can run, best first ("scalar" always)."""
+    flags = cpu_flags()
+    return tuple(i for i in ISAS if ISA_NEEDS[i] <= flags)
+
+
+def chosen_isa() -> str:
+    """ATTNLAB_KERNEL_ISA if set, else the best build this CPU runs."""
+    forced = os.environ.get("ATTNLAB_KERNEL_ISA", "").strip().lower()
+    if forced:
+        if forced not in ISAS:
+            from attnlab.errors import AttnlabError
+
+            raise AttnlabError(f"ATTNLAB_KERNEL_ISA: expected one of {ISAS}, got {forced!r}")
+        return forced
+    return runnable()[0]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("ATTNLAB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnlab")
+    return Path(base) / "kernels"
+
+
+def build_key(isa: str) -> str:
+    """<isa>-<hash of sources and flags>-torch<version>: a new source, flag or torch is a new
+    build, never a stale library."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join(COMMON_FLAGS + ISA_FLAGS[isa]).encode())
+    torch_v = re.sub(r"[^A-Za-z0-9._]", "_", torch.__version__)
+    return f"{isa}-{h.hexdigest()[:12]}-torch{torch_v}"
+
+
+def _names(isa: str) -> tuple[str, str]:
+    """(library name, torch op namespace) of a build: unique per source hash and ISA."""
+    name = "attnlab_interval_" + build_key(isa).split("-torch")[0].replace("-", "_")
+    return name, name
+
+
+def load(isa: str):
+    """The torch.ops namespace of the `isa` build, building it first if needed. Raises
+    RuntimeError with the reason when it cannot be had."""
+    if isa in _LOADED:
+        return _LOADED[isa]
+    if isa in _FAILED:
+        raise RuntimeError(_FAILED[isa])
+    try:
+        ops = _load(isa)
+    except Exception as e:  # a build can fail in many ways; each leaves the PyTorch path
+        _FAILED[isa] = _why(e)
+        raise RuntimeError(_FAILED[isa]) from None
+    _LOADED[isa] = ops
+    return ops
+
+
+def _why(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errs = [ln for ln in lines if "error:" in ln.lower()]
+    text = "; ".join((errs or lines)[:3]) or type(e).__name__
+    return text[:400]
+
+
+def _load(isa: str):
+    import torch
+
+    if isa not in runnable():
+        raise RuntimeError(f"this CPU cannot run the {isa} build (it lacks "
+                           f"{', '.join(sorted(ISA_NEEDS[isa] - cpu_flags()))})")
+    name, ns = _names(isa)
+    final = cache_root() / build_key(isa)
+    lib = final / f"{name}.so"
+    if not lib.exists():
+        _build(isa, name, ns, final)
+    if not hasattr(torch.ops, ns) or not hasattr(getattr(torch.ops, ns), "fwd"):
+        torch.ops.load_library(str(lib))
+    return getattr(torch.ops, ns)
+
+
+def _build(isa: str, name: str, ns: str, final: Path) -> None:
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler: {cxx!r} is not on PATH (install g++ or set CXX)")
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{final.name}.lock"):
+        if (final / f"{name}.so").exists():
+            return  # another process built it while we waited
+        tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.", suffix=".tmp", dir=root))
+        try:
+            _compile(isa, name, ns, tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _compile(isa: str, name: str, ns: str, build_dir: Path) -> None:
+    """Compile and load the library in build_dir (loading it from there is what cpp_extension
+    does; the folder is renamed afterwards and the loaded library stays valid)."""
+    from torch.utils import cpp_extension
+
+    with _ninja_on_path(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cpp_extension.load(
+            name=name,
+            sources=[str(CSRC / s) for s in SOURCES],
+            extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa], f"-DATTNLAB_NS={ns}"],
+            extra_include_paths=[str(CSRC)],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+
+
+@contextlib.contextmanager
+def _ninja_on_path():
+    """The ninja of the `ninja` package on PATH for the build (a venv's bin is often not)."""
+    old = os.environ.get("PATH", "")
+    try:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + old
+    except ImportError:
+        if shutil.which("ninja") is None:
+            raise RuntimeError("the ninja build tool is missing: pip install ninja") from None
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock file (flock) for the build; waits up to LOCK_WAIT_S."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the rename alone keeps builds whole
+        yield
+        return
+    with open(path, "a+") as f:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    raise RuntimeError(f"could not lock {path} for the kernel build") from e
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_WARNED: set[str] = set()
+
+
+def get(isa: str | None = None):
+    """The ops of `isa` (default: the chosen one), or None when the kernel is off or cannot be
+    built; a failure is warned about once per process."""
+    if not enabled():
+        return None
+    isa = isa or chosen_isa()
+    try:
+        return load(isa)
+    except RuntimeError as e:
+        if isa not in _WARNED:
+            _WARNED.add(isa)
+            warnings.warn(f"attnlab: the {isa} interval kernel is not available ({e}); "
+                          "attention runs on the PyTorch path instead", RuntimeWarning,
+                          stacklevel=3)
+        return None
+
+
+def status(build: bool = False) -> KernelStatus:
+    """Whether the kernel is built, which ISA, and why not. build=True builds it if needed."""
+    able = runnable()
+    if not enabled():
+        return KernelStatus(False, None, "turned off by ATTNLAB_KERNEL=0", able)
+    try:
+        isa = chosen_isa()
+    except ValueError as e:
+        return KernelStatus(False, None, str(e), able)
+    final = cache_root() / build_key(isa)
+    if isa in _LOADED:
+        return KernelStatus(True, isa, f"loaded from {final}", able, str(final))
+    if isa in _FAILED:
+        return KernelStatus(False, isa, _FAILED[isa], able, str(final))
+    if build:
+        try:
+            load(isa)
+        except RuntimeError as e:
+            return KernelStatus(False, isa, str(e), able, str(final))
+        return KernelStatus(True, isa, f"loaded from {final}", able, str(final))
+    if isa not in able:
+        return KernelStatus(False, isa, f"this CPU cannot run the {isa} build", able, str(final))
+    there = (final / f"{_names(isa)[0]}.so").exists()
+    why = f"built in {final}" if there else f"not built yet: builds on first use into {final}"
+    return KernelStatus(there, isa, why, able, str(final))

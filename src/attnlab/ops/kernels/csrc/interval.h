@@ -1,0 +1,64 @@
+// The interval kernel's plain-C++ core: one call's problem, the per-panel key ranges, and the work
+// items of the forward and the two backward passes. No torch here: ops.cpp is the only file that
+// knows tensors. Glossary: B batch, H query heads, Hkv key/value heads, L queries, S keys,
+// D query/key head dim, Dv value head dim; query row i attends keys lo[i] <= j < hi[i].
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace attnlab_k {
+
+constexpr int RQ = 4;    // query rows of one register block (a "group")
+constexpr int BQ = 64;   // query rows of one forward / dQ work item (a "panel"): 16 groups
+constexpr int BK = 128;  // key columns of one forward / dQ step
+constexpr int KP = 64;   // keys of one dK/dV work item
+constexpr int PAD = 16;  // kt/vt columns and k/v rows are padded to multiples of this
+
+struct Problem {
+  int B, H, Hkv, L, S, D, Dv;
+  int S16;            // padded key count: the row length of kt and vt
+  int ldk, ldv;       // row strides of k and v: D and Dv padded to PAD
+  const float* q;     // (B, H, L, D)
+  const float* k;     // (B, Hkv, S, ldk), backward only
+  const float* kt;    // (B, Hkv, D, S16): keys contiguous
+  const float* v;     // (B, Hkv, S, ldv)
+  const float* vt;    // (B, Hkv, Dv, S16), backward only
+  const int32_t* lo;  // (Bl, Hl, L) first key of each row
+  const int32_t* hi;  // (Bl, Hl, L) one past its last key
+  int64_t lo_sb, lo_sh;   // batch and head strides of lo/hi (0 where broadcast)
+  const float* slopes;    // (Bs, H) ALiBi slopes, or null
+  int64_t slope_sb;       // batch stride of slopes (0 where broadcast)
+  float scale, softcap;   // softcap 0: none
+  int pos_off;            // global position of key 0 minus that of query row 0
+  int Bl, Hl;             // batch and head sizes of lo/hi (1 or B, 1 or H)
+};
+
+// Each query panel's union of key intervals, per (b|1, h|1) of lo/hi: [klo, khi) and live rows.
+struct Panels {
+  int Bl = 1, Hl = 1, P = 0;
+  std::vector<int32_t> klo, khi, live;
+  int64_t at(int b, int h, int p) const {
+    return ((int64_t)(Bl > 1 ? b : 0) * Hl + (Hl > 1 ? h : 0)) * P + p;
+  }
+};
+
+Panels make_panels(const Problem& pr);
+int lanes();  // floats per SIMD vector of this build
+
+// forward: item = (b·H + h)·P + panel; out (B, H, L, Dv), lse (B, H, L)
+size_t fwd_scratch(const Problem& pr);
+void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, float* lse,
+              float* scratch);
+
+// backward. lse, delta (B, H, L); dout (B, H, L, Dv).
+// dQ pass: item = (b·H + h)·P + panel; dq (B, H, L, D)
+size_t dq_scratch(const Problem& pr);
+void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
+             const float* dout, int64_t item, float* dq, float* scratch);
+// dK/dV pass: item = (b·Hkv + hk)·nKP + key panel; dk (B, Hkv, S, D), dv (B, Hkv, S, Dv)
+size_t dkdv_scratch(const Problem& pr);
+void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
+               const float* dout, int64_t item, float* dk, float* dv, float* scratch);
+
+}  // namespace attnlab_k

@@ -1,0 +1,199 @@
+// The tensor boundary of the interval kernel: checks of the (already prepared) inputs, the outputs,
+// and ONE parallel region per pass in which each thread takes the next work item, costliest
+// first. Registered as torch ops in the namespace ATTNLAB_NS (one per ISA build).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "interval.h"
+
+using at::Tensor;
+using namespace attnlab_k;
+
+namespace {
+
+void expect(const Tensor& t, const char* name, int dims) {
+  TORCH_CHECK(t.dim() == dims && t.is_contiguous(), name, ": expected a contiguous ", dims,
+              "-d tensor, got ", t.sizes());
+  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor");
+}
+
+Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const Tensor& lo,
+                     const Tensor& hi, const std::optional<Tensor>& slopes, double scale,
+                     double softcap, int64_t pos_off, int64_t Dv) {
+  expect(q, "q", 4);
+  expect(kt, "kt", 5);
+  expect(v, "v", 4);
+  expect(lo, "lo", 3);
+  expect(hi, "hi", 3);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && kt.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "q, kt, v: expected float32");
+  TORCH_CHECK(lo.scalar_type() == at::kInt && hi.scalar_type() == at::kInt, "lo, hi: int32");
+  TORCH_CHECK(lo.sizes() == hi.sizes(), "lo, hi: same shape");
+  Problem pr{};
+  pr.B = q.size(0);
+  pr.H = q.size(1);
+  pr.L = q.size(2);
+  pr.D = q.size(3);
+  pr.Hkv = kt.size(1);
+  pr.S = v.size(2);
+  pr.Dv = Dv;
+  pr.S16 = kt.size(2) * PAD;
+  pr.ldv = v.size(3);
+  pr.ldk = (pr.D + PAD - 1) / PAD * PAD;
+  TORCH_CHECK(kt.size(0) == pr.B && kt.size(3) == pr.D && kt.size(4) == PAD && pr.S16 >= pr.S,
+              "kt: expected (B, Hkv, S16/PAD, D, PAD), got ", kt.sizes());
+  TORCH_CHECK(v.size(0) == pr.B && v.size(1) == pr.Hkv && pr.ldv % PAD == 0 && pr.ldv >= Dv,
+              "v: expected (B, Hkv, S, Dv padded), got ", v.sizes());
+  TORCH_CHECK(pr.Hkv > 0 && pr.H % pr.Hkv == 0, "H must be a multiple of Hkv");
+  pr.Bl = lo.size(0);
+  pr.Hl = lo.size(1);
+  TORCH_CHECK((pr.Bl == 1 || pr.Bl == pr.B) && (pr.Hl == 1 || pr.Hl == pr.H) &&
+                  lo.size(2) == pr.L, "lo: expected (B|1, H|1, L), got ", lo.sizes());
+  pr.lo_sb = pr.Bl > 1 ? lo.stride(0) : 0;
+  pr.lo_sh = pr.Hl > 1 ? lo.stride(1) : 0;
+  pr.q = q.data_ptr<float>();
+  pr.kt = kt.data_ptr<float>();
+  pr.v = v.data_ptr<float>();
+  pr.lo = lo.data_ptr<int32_t>();
+  pr.hi = hi.data_ptr<int32_t>();
+  pr.slopes = nullptr;
+  pr.slope_sb = 0;
+  if (slopes.has_value()) {
+    const Tensor& s = *slopes;
+    expect(s, "slopes", 2);
+    TORCH_CHECK(s.scalar_type() == at::kFloat && (s.size(0) == 1 || s.size(0) == pr.B) &&
+                    s.size(1) == pr.H, "slopes: expected float32 (B|1, H), got ", s.sizes());
+    pr.slopes = s.data_ptr<float>();
+    pr.slope_sb = s.size(0) > 1 ? s.stride(0) : 0;
+  }
+  pr.scale = (float)scale;
+  pr.softcap = (float)softcap;
+  pr.pos_off = (int)pos_off;
+  return pr;
+}
+
+// items in order of decreasing cost, so the last ones to start are short (dynamic balance)
+std::vector<int64_t> by_cost(const std::vector<double>& cost) {
+  std::vector<int64_t> order(cost.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+  return order;
+}
+
+// one parallel region: every thread pulls the next item from a shared counter until none is left,
+// so a thread the OS preempts holds up at most one item
+template <class F>
+void run_items(const std::vector<int64_t>& order, size_t scratch, F f) {
+  const int64_t n = order.size();
+  std::atomic<int64_t> next{0};
+  auto work = [&](int64_t, int64_t) {
+    std::vector<float> buf(scratch + 16);
+    for (int64_t i; (i = next.fetch_add(1)) < n;) f(order[i], buf.data());
+  };
+  const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
+  if (T <= 1)
+    work(0, 1);
+  else
+    at::parallel_for(0, T, 1, work);
+}
+
+std::vector<double> query_costs(const Problem& pr, const Panels& pn) {
+  std::vector<double> cost((int64_t)pr.B * pr.H * pn.P);
+  for (int b = 0; b < pr.B; ++b)
+    for (int h = 0; h < pr.H; ++h)
+      for (int p = 0; p < pn.P; ++p) {
+        const int64_t at = pn.at(b, h, p);
+        cost[((int64_t)b * pr.H + h) * pn.P + p] =
+            (double)pn.live[at] * std::max(0, pn.khi[at] - pn.klo[at]);
+      }
+  return cost;
+}
+
+std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& v,
+                               const Tensor& lo, const Tensor& hi,
+                               const std::optional<Tensor>& slopes, double scale, double softcap,
+                               int64_t pos_off, int64_t Dv) {
+  const Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
+  Tensor out = at::empty({pr.B, pr.H, pr.L, pr.Dv}, q.options());
+  Tensor lse = at::empty({pr.B, pr.H, pr.L}, q.options());
+  const Panels pn = make_panels(pr);
+  float* o = out.data_ptr<float>();
+  float* l = lse.data_ptr<float>();
+  run_items(by_cost(query_costs(pr, pn)), fwd_scratch(pr),
+            [&](int64_t item, float* buf) { fwd_item(pr, pn, item, o, l, buf); });
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const Tensor& kt,
+                                       const Tensor& v, const Tensor& vt, const Tensor& lo,
+                                       const Tensor& hi, const std::optional<Tensor>& slopes,
+                                       const Tensor& lse, const Tensor& delta, const Tensor& dout,
+                                       double scale, double softcap, int64_t pos_off) {
+  const int64_t Dv = dout.size(3);
+  Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
+  expect(k, "k", 4);
+  expect(vt, "vt", 5);
+  expect(lse, "lse", 3);
+  expect(delta, "delta", 3);
+  expect(dout, "dout", 4);
+  TORCH_CHECK(k.size(2) == pr.S && k.size(3) == pr.ldk, "k: expected (B, Hkv, S, D padded)");
+  TORCH_CHECK(vt.size(2) * PAD == pr.S16 && vt.size(3) == Dv, "vt: expected (B, Hkv, S16/PAD, Dv, PAD)");
+  TORCH_CHECK(dout.size(2) == pr.L && lse.size(2) == pr.L && delta.size(2) == pr.L,
+              "dout, lse, delta: one row per query");
+  pr.k = k.data_ptr<float>();
+  pr.vt = vt.data_ptr<float>();
+  Tensor dq = at::empty({pr.B, pr.H, pr.L, pr.D}, q.options());
+  Tensor dk = at::empty({pr.B, pr.Hkv, pr.S, pr.D}, q.options());
+  Tensor dv = at::empty({pr.B, pr.Hkv, pr.S, pr.Dv}, q.options());
+  const Panels pn = make_panels(pr);
+  const float* pl = lse.data_ptr<float>();
+  const float* pd = delta.data_ptr<float>();
+  const float* pg = dout.data_ptr<float>();
+  float* odq = dq.data_ptr<float>();
+  float* odk = dk.data_ptr<float>();
+  float* odv = dv.data_ptr<float>();
+  // dK/dV items: the rows x keys they overlap, summed over the query heads of a key/value head
+  const int nkp = (pr.S + KP - 1) / KP, G = pr.H / pr.Hkv;
+  std::vector<double> kcost((int64_t)pr.B * pr.Hkv * nkp, 0.0);
+  for (int b = 0; b < pr.B; ++b)
+    for (int h = 0; h < pr.H; ++h)
+      for (int p = 0; p < pn.P; ++p) {
+        const int64_t at = pn.at(b, h, p);
+        if (pn.live[at] == 0) continue;
+        for (int kp = pn.klo[at] / KP; kp * KP < pn.khi[at]; ++kp) {
+          const int w = std::min(pn.khi[at], (kp + 1) * KP) - std::max(pn.klo[at], kp * KP);
+          kcost[((int64_t)b * pr.Hkv + h / G) * nkp + kp] += (double)pn.live[at] * w;
+        }
+      }
+  run_items(by_cost(kcost), dkdv_scratch(pr), [&](int64_t item, float* buf) {
+    dkdv_item(pr, pn, pl, pd, pg, item, odk, odv, buf);
+  });
+  run_items(by_cost(query_costs(pr, pn)), dq_scratch(pr), [&](int64_t item, float* buf) {
+    dq_item(pr, pn, pl, pd, pg, item, odq, buf);
+  });
+  return {dq, dk, dv};
+}
+
+int64_t simd_width() { return lanes(); }
+
+}  // namespace
+
+#define ATTNLAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
+  m.def("fwd(Tensor q, Tensor kt, Tensor v, Tensor lo, Tensor hi, Tensor? slopes, float scale, "
+        "float softcap, int pos_off, int Dv) -> (Tensor, Tensor)", &fwd);
+  m.def("bwd(Tensor q, Tensor k, Tensor kt, Tensor v, Tensor vt, Tensor lo, Tensor hi, "
+        "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
+        "int pos_off) -> (Tensor, Tensor, Tensor)", &bwd);
+  m.def("simd_width() -> int", &simd_width);
+}

@@ -1,0 +1,173 @@
+// One SIMD vocabulary for the three builds of the interval kernel. The build's flags pick one:
+// ATTNLAB_AVX512 (-mavx512f -mavx512dq ...), ATTNLAB_AVX2 (-mavx2 -mfma), or neither (scalar).
+// Everything else (kernel.h) is written once against these names.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#if defined(ATTNLAB_AVX512) || defined(ATTNLAB_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace attnlab_k {
+
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+// exp(x) below this is flushed to exact 0: no denormals ever enter the FMA pipes
+constexpr float EXP_FLOOR = -87.3f;
+
+#if defined(ATTNLAB_AVX512)
+constexpr int W = 16;
+typedef __m512 vf;
+static inline vf vzero() { return _mm512_setzero_ps(); }
+static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+static inline vf vset(float x) { return _mm512_set1_ps(x); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline float hmax(vf x) { return _mm512_reduce_max_ps(x); }
+static inline float hsum(vf x) { return _mm512_reduce_add_ps(x); }
+static inline vf vabs(vf x) { return _mm512_abs_ps(x); }
+// |mag| with the sign of s
+static inline vf vcopysign(vf mag, vf s) {
+  const __m512i sign = _mm512_set1_epi32(0x80000000);
+  __m512i m = _mm512_and_si512(_mm512_castps_si512(s), sign);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(vabs(mag)), m));
+}
+// a < b ? x : y, lane by lane
+static inline vf vsel_lt(vf a, vf b, vf x, vf y) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
+static inline __m512i viota(int j0) {
+  return _mm512_add_epi32(_mm512_set1_epi32(j0),
+                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+// lanes j0 + t outside [lo, hi) -> -inf: the mask is two integer compares
+static inline vf vmask(vf s, int j0, int lo, int hi) {
+  __m512i j = viota(j0);
+  __mmask16 in = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(lo)) &
+                 _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(hi));
+  return _mm512_mask_blend_ps(in, vset(NEG_INF), s);
+}
+// float(d0 + t): the ALiBi distance j - i of lane t
+static inline vf vrel(int d0) { return _mm512_cvtepi32_ps(viota(d0)); }
+static inline vf vexp(vf x) {
+  __mmask16 keep = _mm512_cmp_ps_mask(x, vset(EXP_FLOOR), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, vset(EXP_FLOOR)), vset(88.3f));
+  vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, vset(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm512_fnmadd_ps(n, vset(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, vset(-2.12194440e-4f), r);
+  vf p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  vf y = vadd(vfma(vmul(p, r), r, r), vset(1.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(keep, vmul(y, _mm512_castsi512_ps(e)));
+}
+
+#elif defined(ATTNLAB_AVX2)
+constexpr int W = 8;
+typedef __m256 vf;
+static inline vf vzero() { return _mm256_setzero_ps(); }
+static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
+static inline vf vset(float x) { return _mm256_set1_ps(x); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline float hmax(vf x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+static inline float hsum(vf x) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+static inline vf vabs(vf x) { return _mm256_andnot_ps(vset(-0.0f), x); }
+static inline vf vcopysign(vf mag, vf s) {
+  return _mm256_or_ps(vabs(mag), _mm256_and_ps(vset(-0.0f), s));
+}
+static inline vf vsel_lt(vf a, vf b, vf x, vf y) {
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+}
+static inline __m256i viota(int j0) {
+  return _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf vmask(vf s, int j0, int lo, int hi) {
+  __m256i j = viota(j0);
+  __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(j, _mm256_set1_epi32(lo - 1)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), j));
+  return _mm256_blendv_ps(vset(NEG_INF), s, _mm256_castsi256_ps(in));
+}
+static inline vf vrel(int d0) { return _mm256_cvtepi32_ps(viota(d0)); }
+static inline vf vexp(vf x) {
+  vf keep = _mm256_cmp_ps(x, vset(EXP_FLOOR), _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, vset(EXP_FLOOR)), vset(88.3f));
+  vf n = _mm256_round_ps(_mm256_mul_ps(x, vset(1.44269504088896341f)),
+                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm256_fnmadd_ps(n, vset(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, vset(-2.12194440e-4f), r);
+  vf p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  vf y = vadd(vfma(vmul(p, r), r, r), vset(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, vmul(y, _mm256_castsi256_ps(e)));
+}
+
+#else
+constexpr int W = 1;
+typedef float vf;
+static inline vf vzero() { return 0.0f; }
+static inline vf vload(const float* p) { return *p; }
+static inline void vstore(float* p, vf x) { *p = x; }
+static inline vf vset(float x) { return x; }
+static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }  // std::fma is a libm call here
+static inline vf vadd(vf a, vf b) { return a + b; }
+static inline vf vsub(vf a, vf b) { return a - b; }
+static inline vf vmul(vf a, vf b) { return a * b; }
+static inline vf vdiv(vf a, vf b) { return a / b; }
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+static inline float hmax(vf x) { return x; }
+static inline float hsum(vf x) { return x; }
+static inline vf vabs(vf x) { return std::fabs(x); }
+static inline vf vcopysign(vf mag, vf s) { return std::copysign(mag, s); }
+static inline vf vsel_lt(vf a, vf b, vf x, vf y) { return a < b ? x : y; }
+static inline vf vmask(vf s, int j0, int lo, int hi) { return (j0 >= lo && j0 < hi) ? s : NEG_INF; }
+static inline vf vrel(int d0) { return static_cast<float>(d0); }
+static inline vf vexp(vf x) { return x >= EXP_FLOOR ? std::exp(x) : 0.0f; }
+#endif
+
+// tanh from the exp above: (1 - e)/(1 + e) with e = exp(-2|x|); its Taylor series near 0, where
+// 1 - e would cancel
+static inline vf vtanh(vf x) {
+  vf a = vabs(x);
+  vf e = vexp(vmul(a, vset(-2.0f)));
+  vf big = vdiv(vsub(vset(1.0f), e), vadd(vset(1.0f), e));
+  vf a2 = vmul(a, a);
+  vf p = vset(62.0f / 2835.0f);
+  p = vfma(p, a2, vset(-17.0f / 315.0f));
+  p = vfma(p, a2, vset(2.0f / 15.0f));
+  p = vfma(p, a2, vset(-1.0f / 3.0f));
+  vf small = vfma(vmul(p, a2), a, a);
+  return vcopysign(vsel_lt(a, vset(0.125f), small, big), x);
+}
+
+}  // namespace attnlab_k

@@ -1,0 +1,135 @@
+"""The gate of the interval kernel: checks, and the layouts and dtype the C++ code reads.
+
+Everything the kernel cannot take as given is made here, once per call: fp32 contiguous copies
+of inputs in other dtypes or strides, Kᵀ (and Vᵀ for the backward) with the key dimension
+contiguous in chunks of 16 keys, k and v rows padded to a multiple of 16 floats.
+These copies cost O(S·D); the attention they serve costs O(L·S·D) or O(L·w·D).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.errors import AttnlabError, fmt_shape
+
+PAD = 16  # csrc/interval.h: PAD
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Call:
+    """One checked call: sizes, the interval arrays and modifiers in the kernel's form."""
+
+    B: int
+    H: int
+    Hkv: int
+    L: int
+    S: int
+    D: int
+    Dv: int
+    lo: torch.Tensor  # int32 (B|1, H|1, L), contiguous
+    hi: torch.Tensor
+    scale: float
+    softcap: float  # 0.0: none
+    slopes: torch.Tensor | None  # float32 (B|1, H), contiguous
+    pos_off: int  # k_pos0 - q_pos0
+
+    @property
+    def empty(self) -> bool:
+        return min(self.B, self.H, self.L, self.S) == 0
+
+
+def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0) -> Call:
+    """A Call from the public arguments, or AttnlabError naming the one that is wrong."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            got = fmt_shape(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise AttnlabError(f"{name}: expected a 4-d tensor (B, H, ·, ·), got {got}")
+        if x.dtype not in DTYPES:
+            raise AttnlabError(f"{name}: the interval kernel takes float32, float16 or bfloat16, "
+                               f"got {x.dtype}")
+        if x.device.type != "cpu":
+            raise AttnlabError(f"{name}: the interval kernel runs on the CPU, got {x.device}")
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if tuple(k.shape) != (B, Hkv, S, D) or Hkv == 0 or H % Hkv:
+        raise AttnlabError(f"k: expected (B, Hkv, S, D) = ({B}, Hkv, S, {D}) with H = {H} a "
+                           f"multiple of Hkv, got {fmt_shape(k.shape)}")
+    if tuple(v.shape[:3]) != (B, Hkv, S):
+        raise AttnlabError(f"v: expected (B, Hkv, S, Dv) = ({B}, {Hkv}, {S}, Dv), got "
+                           f"{fmt_shape(v.shape)}")
+    lo32, hi32 = _intervals(lo, hi, B, H, L, S)
+    if softcap is not None and not float(softcap) > 0:
+        raise AttnlabError(f"softcap: expected a positive float or None, got {softcap!r}")
+    pos_off = int(k_pos0) - int(q_pos0)
+    if abs(pos_off) + L + S >= 2**31:
+        raise AttnlabError(f"q_pos0, k_pos0: positions must stay below 2**31, got {q_pos0}, "
+                           f"{k_pos0}")
+    return Call(B, H, Hkv, L, S, D, v.shape[3], lo32, hi32, float(scale),
+                float(softcap or 0.0), _slopes(alibi, B, H), pos_off)
+
+
+def _intervals(lo, hi, B, H, L, S):
+    shapes = []
+    for name, x in (("lo", lo), ("hi", hi)):
+        if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.dtype == torch.bool:
+            raise AttnlabError(f"{name}: expected an integer tensor (B|1, H|1, L), got "
+                               f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() != 3 or x.shape[0] not in (1, B) or x.shape[1] not in (1, H) or \
+                x.shape[2] != L:
+            raise AttnlabError(f"{name}: expected (B|1, H|1, L) with (B, H, L) = ({B}, {H}, "
+                               f"{L}), got {fmt_shape(x.shape)}")
+        shapes.append(tuple(x.shape))
+    if shapes[0] != shapes[1]:
+        lo, hi = torch.broadcast_tensors(lo, hi)
+    live = lo < hi
+    if bool((live & ((lo < 0) | (hi > S))).any()):
+        raise AttnlabError(f"lo, hi: a row's keys must lie in [0, S = {S}); got lo in "
+                           f"[{int(lo.min())}, ...], hi up to {int(hi.max())}")
+    return (lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous())
+
+
+def _slopes(alibi, B, H):
+    if alibi is None:
+        return None
+    s = torch.as_tensor(alibi)
+    if s.dim() == 1:
+        s = s[None]
+    if s.dim() != 2 or s.shape[0] not in (1, B) or s.shape[1] != H:
+        raise AttnlabError(f"alibi: expected slopes (H,) or (B, H) with (B, H) = ({B}, {H}), "
+                           f"got {fmt_shape(s.shape)}")
+    return s.to(torch.float32).contiguous()  # (B|1, H)
+
+
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """x as float32 contiguous (a view when it already is)."""
+    return x.to(torch.float32).contiguous()
+
+
+def rows_padded(x: torch.Tensor) -> torch.Tensor:
+    """(B, Hkv, S, n) -> float32 (B, Hkv, S, n padded to PAD), the padding zero."""
+    n = x.shape[-1]
+    width = -(-n // PAD) * PAD
+    if width == n:
+        return dense(x)
+    out = x.new_empty(*x.shape[:-1], width, dtype=torch.float32)
+    out[..., :n] = x
+    out[..., n:] = 0
+    return out
+
+
+def keys_last(x: torch.Tensor) -> torch.Tensor:
+    """(B, Hkv, S, n) -> float32 (B, Hkv, S16/PAD, n, PAD), S16 = S padded to PAD with zero keys:
+    Kᵀ in chunks of PAD keys, the keys of one dimension contiguous (csrc/tiles.h: chunked)."""
+    B, Hkv, S, n = x.shape
+    width = -(-S // PAD) * PAD
+    out = x.new_empty(B, Hkv, width // PAD, n, PAD, dtype=torch.float32)
+    full = S // PAD * PAD
+    out[:, :, :S // PAD] = x[:, :, :full].reshape(B, Hkv, S // PAD, PAD, n).transpose(-2, -1)
+    if full < S:  # the last, partial chunk: zero keys after S
+        tail = x.new_zeros(B, Hkv, PAD, n, dtype=torch.float32)
+        tail[:, :, :S - full] = x[:, :, full:]
+        out[:, :, -1] = tail.transpose(-2, -1)
+    return out

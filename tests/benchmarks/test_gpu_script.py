@@ -1,0 +1,55 @@
+"""benchmarks/gpu.py, the device check: it imports without a GPU, refuses to run without one
+unless asked for its CPU dry run, and the dry run prints both tables and the targets.
+(Nothing here is timed: the numbers of a dry run mean nothing.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    spec = importlib.util.spec_from_file_location("attnlab_gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules[spec.name]
+
+
+def test_dry_run_prints_tables_and_targets(gpu, capsys):
+    rc = gpu.main(["--dry-run", "--masks", "causal", "fn_sliding256", "--modes", "fwd+bwd",
+                   "--dtypes", "bf16"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    speed = [r for r in out.splitlines() if r.startswith("| 256 ") or r.startswith("| 320 ")]
+    assert len(speed) == 2 * 2 * 4  # lengths x masks x (attnlab, sdpa, flex, flash-attn)
+    assert any("attnlab (auto→" in r for r in speed)
+    exact = [r for r in out.splitlines() if r.startswith("| causal | bf16 | 192")
+             or r.startswith("| fn_sliding256 | bf16 | 192")]
+    assert len(exact) == 2 and all(r.endswith("| yes |") for r in exact)
+    assert "causal fwd+bwd L=256 bf16" in out
+
+
+def test_mask_definitions_agree(gpu):
+    """The mask each peer gets is the mask attnlab gets (pairs counted for the FLOPs too)."""
+    for name in gpu.MASKS:
+        L = 700
+        dense = gpu.dense_mask(name, L, "cpu")
+        kw = gpu.attnlab_kwargs(name, L, "cpu")
+        mine = kw["mask"].to_dense(L, L)[0, 0] if "mask" in kw else torch.ones(L, L).tril().bool()
+        assert torch.equal(mine, dense), name
+        assert gpu.pairs(name, L, "cpu") == int(dense.sum()), name
+
+
+def test_without_a_device_it_says_so(gpu, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main(["--L", "64"]) == 2
+    assert "--dry-run" in capsys.readouterr().err

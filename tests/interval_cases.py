@@ -1,0 +1,72 @@
+"""Interval-attention test inputs and the formula they are checked against (shared by the
+interval-kernel tests): per-row key intervals of every mask kind, written out by hand."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from attnlab.ops import kernels
+
+
+def isa_params():
+    """Every ISA build; those this CPU cannot run are skipped, never failed."""
+    here = kernels.runnable()
+    return [pytest.param(i, marks=pytest.mark.skipif(i not in here, reason=f"CPU lacks {i}"))
+            for i in kernels.ISAS]
+
+
+def need_compiler():
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the kernel cannot be built here")
+
+
+def intervals(kind: str, B: int, L: int, S: int):
+    """int64 lo, hi (B, 1, L) of a mask kind, written from its definition."""
+    i = torch.arange(L)
+    lo, hi = torch.zeros(L, dtype=torch.int64), torch.full((L,), S)
+    if kind in ("causal", "window", "prefix"):
+        hi = (i + 1).clamp(max=S)
+    if kind in ("causal_br", "window_br"):
+        hi = (i + S - L + 1).clamp(0, S)
+    if kind.startswith("window"):
+        lo = (hi - 7).clamp(min=0)
+    if kind == "prefix":
+        hi = hi.clamp(min=min(5, S))
+    lo, hi = lo.expand(B, 1, L).clone(), hi.expand(B, 1, L).clone()
+    if kind == "document":  # documents of lengths 3, 40, rest (L == S)
+        bounds = torch.tensor([0, 3, 43, S])
+        seg = torch.bucketize(i, bounds[1:], right=True)
+        lo[:], hi[:] = bounds[seg], bounds[seg + 1]
+        hi[:] = torch.minimum(hi, i + 1)  # causal within each document
+    if kind == "padding":  # batch element b has S - 3b real keys and L - 2b real queries
+        for b in range(B):
+            hi[b] = S - 3 * b
+            hi[b, :, L - 2 * b:] = 0
+    if kind == "empty_rows":
+        hi[:, :, ::3] = 0
+    if kind == "all_empty":
+        hi[:] = 0
+    return lo, hi
+
+
+def formula(q, k, v, lo, hi, scale, softcap=None, slopes=None, pos_off=0):
+    """(out, lse) from the definitions in q's dtype, autograd-able; rows with no key: 0, -inf."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = q @ k.transpose(-1, -2) * scale  # (B, H, L, D) @ (B, H, D, S) -> (B, H, L, S)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    L, S = s.shape[-2:]
+    if slopes is not None:
+        rel = torch.arange(S)[None, :] - torch.arange(L)[:, None] + pos_off  # (L, S): j - i
+        s = s + slopes.to(s.dtype).reshape(-1, q.shape[1], 1, 1) * rel.to(s.dtype)
+    j = torch.arange(S)
+    allowed = (j >= lo[..., None]) & (j < hi[..., None])  # (B|1, H|1, L, S)
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    alive = torch.isfinite(lse)
+    w = torch.exp(s - torch.where(alive, lse, 0)[..., None])
+    return w @ v, lse

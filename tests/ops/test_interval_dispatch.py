@@ -1,0 +1,132 @@
+"""attnlab.attention with the interval kernel wired in: "auto" and "tiled" run it for every
+interval-shaped call and say so; other calls keep their paths; and the kernel path equals the
+PyTorch path (ATTNLAB_KERNEL=0) on the same calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import masks
+from attnlab.ops import dispatch, kernels
+from interval_cases import need_compiler
+
+from helpers import assert_close, qkv
+
+
+@pytest.fixture(autouse=True)
+def _kernel():
+    need_compiler()
+    if not kernels.available():
+        pytest.fail(f"the interval kernel did not build: {kernels.status().reason}")
+
+
+def sel(L, S=None, **kw):
+    q, k, v = qkv(1, 2, 2, L, S or L, 8)
+    return attnlab.select_backend(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {"is_causal": True},
+    {"mask": masks.sliding_window(8)},
+    {"mask": masks.causal("bottom_right")},
+    {"mask": masks.document(torch.arange(64) // 10) & masks.causal()},
+    {"mask": masks.prefix_lm(5)},
+    {"mask": masks.padding(key_lengths=[40])},
+    {"softcap": 30.0},
+    {"alibi_slopes": torch.tensor([0.5, 0.25])},
+    {"return_lse": True},
+])
+def test_auto_names_the_kernel_for_interval_calls(kw):
+    c = sel(64, **kw)
+    assert c.backend == "tiled" and "interval kernel" in c.reason
+    assert kernels.status().isa in c.reason
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({}, "sdpa"),  # no mask: PyTorch's fused kernel
+    ({"mask": ~masks.causal()}, "sdpa"),  # not intervals: the old rule (small -> dense)
+    ({"attn_mask": torch.ones(64, 64, dtype=torch.bool)}, "sdpa"),
+    ({"mask": masks.sliding_window(8), "dropout_p": 0.1}, "sdpa"),
+])
+def test_other_calls_keep_their_paths(kw, name):
+    c = sel(64, **kw)
+    assert c.backend == name and "interval kernel" not in c.reason
+
+
+def test_off_switch_restores_the_old_choice(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")
+    assert "interval kernel" not in sel(64, mask=masks.sliding_window(8)).reason
+
+
+def test_forced_tiled_runs_the_kernel(monkeypatch):
+    calls = []
+    real = kernels.interval_attention
+    monkeypatch.setattr(kernels, "interval_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = qkv(1, 2, 2, 50, 50, 8)
+    attnlab.attention(q, k, v, mask=masks.sliding_window(5), backend="tiled")
+    assert calls == [1]
+    attnlab.attention(q, k, v, mask=~masks.causal(), backend="tiled")  # not intervals
+    assert calls == [1]
+
+
+CALLS = [
+    ((2, 4, 2, 97, 97, 40), dict(is_causal=True)),
+    ((2, 4, 1, 70, 130, 32), dict(mask=masks.causal("bottom_right") & masks.padding([100, 60]))),
+    ((1, 4, 4, 128, 128, 64), dict(mask=masks.document(torch.arange(128) // 33) & masks.causal(),
+                                   softcap=20.0)),
+    ((2, 2, 2, 60, 60, 16), dict(mask=masks.prefix_lm([7, 0]),
+                                 alibi_slopes=torch.tensor([0.5, 0.1]))),
+    ((1, 2, 2, 33, 50, 16), dict(mask=masks.sliding_window(9, "bottom_right"))),
+]
+
+
+@pytest.mark.parametrize("shape, kw", CALLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_path_equals_the_pytorch_path(monkeypatch, shape, kw, dtype):
+    B, H, Hkv, L, S, D = shape
+    q, k, v = qkv(B, H, Hkv, L, S, D, dtype=dtype, seed=L, requires_grad=True)
+
+    def run():
+        out, lse = attnlab.attention(q, k, v, enable_gqa=Hkv != H, return_lse=True, **kw)
+        (out.float().square().sum() + lse.float().nan_to_num(0, 0, 0).sum()).backward()
+        grads = [x.grad.clone() for x in (q, k, v)]
+        for x in (q, k, v):
+            x.grad = None
+        return out, lse, grads
+
+    assert "interval kernel" in attnlab.select_backend(
+        q, k, v, enable_gqa=Hkv != H, return_lse=True, **kw).reason
+    got = run()
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")
+    want = run()
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert_close(got[0], want[0], atol=tol, rtol=tol, what="out")
+    fin = torch.isfinite(want[1])
+    assert torch.equal(fin, torch.isfinite(got[1]))
+    assert_close(got[1][fin], want[1][fin], atol=tol, rtol=tol, what="lse")
+    for name, a, b in zip("qkv", got[2], want[2]):
+        assert_close(a, b, atol=5 * tol, rtol=5 * tol, what=f"d{name}")
+
+
+@pytest.mark.parametrize("shape", [(20, 8), (3, 20, 8), (2, 3, 2, 20, 8)])
+def test_any_rank_of_input(shape):
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    m = masks.sliding_window(4)
+    if len(shape) == 5:  # a per-batch mask along the last batch dim
+        m = m & masks.padding(key_lengths=[20, 5, 11])
+    got = attnlab.attention(q, k, v, mask=m)
+    assert got.shape == q.shape
+    assert_close(got, attnlab.attention(q, k, v, mask=m, backend="math"), atol=1e-5)
+
+
+def test_choice_runs_the_kernel_once(monkeypatch):
+    ran = []
+    for b, runner in list(dispatch.RUNNERS.items()):
+        monkeypatch.setitem(dispatch.RUNNERS, b,
+                            lambda p, lse, b=b, runner=runner: ran.append(b) or runner(p, lse))
+    q, k, v = qkv(1, 2, 2, 40, 40, 8)
+    attnlab.attention(q, k, v, mask=masks.sliding_window(4))
+    assert ran == ["tiled"]

@@ -1,0 +1,170 @@
+"""The compiled interval kernel against the float64 formula with FlashAttention's rule (error at
+most 2x a plain fp32 implementation's, 3x for gradients), on every ISA build this CPU runs, over
+mask kind x GQA x softcap x ALiBi x lengths; and the builds against each other."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnlab import AttnlabError
+from attnlab.ops import kernels
+from interval_cases import formula, intervals, isa_params, need_compiler
+
+from helpers import assert_close
+
+KINDS = ["full", "causal", "causal_br", "window", "window_br", "prefix", "document", "padding",
+         "empty_rows", "all_empty"]
+# (B, H, Hkv, L, S, D, Dv): odd lengths, L != S both ways, MHA / GQA / MQA, odd head dims
+SHAPES = [(2, 4, 2, 97, 113, 59, 40), (1, 3, 1, 130, 65, 32, 32), (1, 2, 2, 70, 70, 64, 111)]
+SLOPES = torch.tensor([0.5, 0.25, 0.125, 2 ** -0.5])
+
+
+@pytest.fixture(autouse=True)
+def _compiler():
+    need_compiler()
+
+
+def err(x, ref):
+    fin = torch.isfinite(ref)
+    if not bool(fin.any()):
+        return 0.0
+    return (x.double() - ref)[fin].abs().max().item()
+
+
+def check_rule(got, plain, ref, factor, what):
+    e, e_plain = err(got, ref), err(plain, ref)
+    assert e <= factor * e_plain + 1e-6, f"{what}: error {e:.3e} > {factor} x {e_plain:.3e}"
+
+
+def inputs(shape, seed, grad=False):
+    B, H, Hkv, L, S, D, Dv = shape
+    g = torch.Generator().manual_seed(seed)
+    t = [torch.randn(*s, generator=g, dtype=torch.float64)
+         for s in ((B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv))]
+    t[0] = t[0] * 2  # larger scores, so softcap bites
+    return [x.requires_grad_(grad) for x in t]
+
+
+def run_case(isa, shape, kind, softcap, alibi, grad):
+    B, H, _, L, S, D, _ = shape
+    if kind == "document" and L != S:
+        pytest.skip("documents pair queries and keys one to one")
+    lo, hi = intervals(kind, B, L, S)
+    slopes = torch.cat([SLOPES] * 2)[:H] if alibi else None
+    scale, pos = 1 / math.sqrt(D), (3, 11)
+    q64, k64, v64 = inputs(shape, L + S + D, grad)
+    kw = dict(scale=scale, softcap=softcap, slopes=slopes, pos_off=pos[1] - pos[0])
+    ref = formula(q64, k64, v64, lo, hi, **kw)
+    q32, k32, v32 = (x.detach().float().requires_grad_(grad) for x in (q64, k64, v64))
+    plain = formula(q32, k32, v32, lo, hi, **kw)
+    qk, kk, vk = (x.detach().float().requires_grad_(grad) for x in (q64, k64, v64))
+    out = kernels.interval_attention(qk, kk, vk, lo, hi, scale=scale, softcap=softcap,
+                                     alibi=slopes, q_pos0=pos[0], k_pos0=pos[1], isa=isa)
+    for name, i in (("out", 0), ("lse", 1)):
+        check_rule(out[i], plain[i], ref[i], 2, f"{isa} {kind} {name}")
+    empty = ~torch.isfinite(ref[1])
+    assert bool(out[0][empty].eq(0).all()) and bool(out[1][empty].eq(-math.inf).all())
+    if not grad:
+        return
+    g = torch.Generator().manual_seed(1)
+    go, gl = torch.randn(out[0].shape, generator=g), torch.randn(out[1].shape, generator=g)
+    for o, l in (ref, plain, out):
+        gl_ = torch.where(torch.isfinite(l), gl.to(l.dtype), 0)
+        (o * go.to(o.dtype)).sum().add((torch.where(torch.isfinite(l), l, 0) * gl_).sum()) \
+            .backward()
+    for name, a, b, c in zip("qkv", (q64, k64, v64), (q32, k32, v32), (qk, kk, vk)):
+        check_rule(c.grad, b.grad, a.grad, 3, f"{isa} {kind} d{name}")
+        assert bool(torch.isfinite(c.grad).all())
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward_every_mask_kind(isa, kind, shape):
+    run_case(isa, shape, kind, None, False, grad=True)
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("softcap,alibi", [(5.0, False), (None, True), (3.0, True)])
+@pytest.mark.parametrize("kind", ["causal_br", "window", "padding"])
+def test_softcap_and_alibi(isa, softcap, alibi, kind):
+    run_case(isa, SHAPES[0], kind, softcap, alibi, grad=True)
+
+
+@pytest.mark.parametrize("L,S", [(1, 1), (1, 300), (300, 1), (257, 257)])
+def test_lengths_at_block_edges(L, S):
+    run_case(None, (1, 2, 1, L, S, 16, 24), "causal_br", 4.0, True, grad=True)
+
+
+def test_builds_agree():
+    """Every ISA build this CPU runs gives the same numbers up to fp32 rounding."""
+    shape = (1, 4, 2, 150, 170, 48, 40)
+    q, k, v = (x.float() for x in inputs(shape, 7))
+    lo, hi = intervals("window_br", 1, 150, 170)
+    outs = [kernels.interval_forward(q, k, v, lo, hi, scale=0.2, softcap=6.0, alibi=SLOPES,
+                                     isa=isa) for isa in kernels.runnable()]
+    for o, lse in outs[1:]:
+        assert_close(o, outs[0][0], atol=2e-6, rtol=1e-5, what="out")
+        assert_close(lse, outs[0][1], atol=2e-6, rtol=1e-6, what="lse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_inputs(dtype):
+    shape = (1, 2, 1, 60, 80, 32, 32)
+    q, k, v = (x.to(dtype) for x in inputs(shape, 3))
+    lo, hi = intervals("window_br", 1, 60, 80)
+    out, lse = kernels.interval_forward(q, k, v, lo, hi, scale=0.2)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    ref, ref_lse = formula(q.double(), k.double(), v.double(), lo, hi, 0.2)
+    plain, _ = formula(q, k, v, lo, hi, 0.2)
+    check_rule(out, plain, ref, 2, f"{dtype} out")
+    assert err(lse, ref_lse) < 1e-5
+
+
+def test_strided_and_expanded_inputs():
+    """Transposed, sliced and expanded (stride 0) inputs give the contiguous inputs' answer."""
+    B, H, L, S, D = 2, 4, 50, 70, 16
+    base = torch.randn(B, L, H, 2 * D)
+    q = base.transpose(1, 2)[..., ::2]  # (B, H, L, D), non-contiguous
+    k = torch.randn(B, 1, S, D).expand(B, 2, S, D)  # stride 0 over heads
+    v = torch.randn(B, S, 2, D).transpose(1, 2)
+    lo, hi = intervals("window", B, L, S)
+    got = kernels.interval_forward(q, k, v, lo.expand(B, H, L), hi, scale=0.3)
+    want = kernels.interval_forward(q.contiguous(), k.contiguous(), v.contiguous(), lo, hi,
+                                    scale=0.3)
+    assert_close(got[0], want[0], atol=0, rtol=0, what="out")
+    assert_close(got[1], want[1], atol=0, rtol=0, what="lse")
+
+
+def test_dlse_only_and_global_lse():
+    """interval_backward with a larger lse than its keys give (a context-parallel block) returns
+    the keys' share: summing two halves' dq gives the whole dq."""
+    shape = (1, 2, 2, 40, 64, 16, 16)
+    q, k, v = (x.float() for x in inputs(shape, 5))
+    lo, hi = intervals("causal_br", 1, 40, 64)
+    out, lse = kernels.interval_forward(q, k, v, lo, hi, scale=0.25)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    whole = kernels.interval_backward(q, k, v, lo, hi, out, lse, dout, dlse, scale=0.25)
+    parts = [kernels.interval_backward(q, k[:, :, a:b], v[:, :, a:b], (lo - a).clamp(0, b - a),
+                                       (hi - a).clamp(0, b - a), out, lse, dout, dlse,
+                                       scale=0.25) for a, b in ((0, 32), (32, 64))]
+    assert_close(parts[0][0] + parts[1][0], whole[0], atol=1e-5, rtol=1e-4, what="dq")
+    assert_close(torch.cat([parts[0][1], parts[1][1]], 2), whole[1], atol=1e-6, what="dk")
+
+
+def test_bad_arguments_name_themselves():
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    lo, hi = torch.zeros(1, 1, 5, dtype=torch.int32), torch.full((1, 1, 5), 6)
+    with pytest.raises(AttnlabError, match="hi: expected"):
+        kernels.interval_forward(q, k, v, lo, hi[..., :4], scale=1.0)
+    with pytest.raises(AttnlabError, match=r"lo, hi: a row's keys must lie in \[0, S = 6\)"):
+        kernels.interval_forward(q, k, v, lo, hi + 1, scale=1.0)
+    with pytest.raises(AttnlabError, match="float64"):
+        kernels.interval_forward(q.double(), k, v, lo, hi, scale=1.0)
+    with pytest.raises(AttnlabError, match="k: expected"):
+        kernels.interval_forward(q, k[:, :, :, :4], v, lo, hi, scale=1.0)
+    with pytest.raises(AttnlabError, match="alibi"):
+        kernels.interval_forward(q, k, v, lo, hi, scale=1.0, alibi=torch.ones(3))
