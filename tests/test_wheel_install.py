@@ -27,6 +27,7 @@ def test_wheel_installs_and_runs_the_readme_quick_starts(tmp_path):
     assert "attnlab/py.typed" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert any(n.startswith("attnlab/viz/assets/") for n in names)  # the pages' own files
+    assert any(n.endswith(".cpp") for n in names)  # the interval kernel's sources
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site),
                     str(wheel)], check=True, timeout=300, cwd=tmp_path)
 
