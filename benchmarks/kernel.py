@@ -148,13 +148,14 @@ def peer_fn(case: Case, q, k, v, bwd: bool):
 
 
 def tile_gemm_peak(repeats: int) -> float:
-    """GF/s of PyTorch's GEMM at the attention's tile shapes, 1 thread: the best of
-    (64·256×64)@(64×256) score tiles and (256×256)@(256×64) value tiles, batched."""
+    """GF/s of PyTorch's GEMM, 1 thread, the best of the attention's tile shapes, batched
+    ((256×64)@(64×256) scores, (256×256)@(256×64) values) and one square 1024³ product: what
+    this core's FMA units give a well-tuned GEMM in this run."""
     best = 0.0
-    for m, k_, n in ((256, 64, 256), (256, 256, 64)):
-        a, b = torch.randn(64, m, k_), torch.randn(64, k_, n)
+    for n, m, k_, p in ((64, 256, 64, 256), (64, 256, 256, 64), (1, 1024, 1024, 1024)):
+        a, b = torch.randn(n, m, k_), torch.randn(n, k_, p)
         t = med(lambda a=a, b=b: torch.bmm(a, b), repeats * 3)
-        best = max(best, 2.0 * 64 * m * k_ * n / t / 1e9)
+        best = max(best, 2.0 * n * m * k_ * p / t / 1e9)
     return best
 
 

@@ -10,6 +10,7 @@ import torch
 import attnlab
 from attnlab import masks
 from attnlab.ops import dispatch, kernels
+from attnlab.ops.api import attention_with_weights
 from interval_cases import need_compiler
 
 from helpers import assert_close, qkv
@@ -130,3 +131,22 @@ def test_choice_runs_the_kernel_once(monkeypatch):
     q, k, v = qkv(1, 2, 2, 40, 40, 8)
     attnlab.attention(q, k, v, mask=masks.sliding_window(4))
     assert ran == ["tiled"]
+
+
+def test_weights_from_the_kernels_lse_sum_to_one(monkeypatch):
+    """The kernel scales the product q·k after the dot, as the score pipeline does: weights
+    recomputed from its lse (attention_with_weights) sum to 1 as closely as on the PyTorch path,
+    even with large logits (with q pre-scaled they were 12x further off: a BERT layer's rows)."""
+    q, k, v = qkv(2, 4, 4, 40, 40, 32, seed=3)
+    q, k = q * 4, k * 4  # logits ~ ±20
+    m = masks.padding(key_lengths=[40, 31])
+    assert "interval kernel" in attnlab.select_backend(q, k, v, mask=m, return_lse=True).reason
+
+    def off():
+        _, w = attention_with_weights(q, k, v, mask=m)
+        return float((w.double().sum(-1) - 1).abs().max())
+
+    got = off()
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")
+    want = off()
+    assert got <= 2 * want + 1e-7, f"row sums off by {got:.2e}, PyTorch path {want:.2e}"

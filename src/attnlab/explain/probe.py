@@ -13,7 +13,6 @@ put between the two copies; a Hugging Face tokenizer adds its usual framing
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from attnlab.adapters.recording import record
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
 from attnlab.explain.model import LoadedModel, display_tokens
+from attnlab.models.checkpoint_checks import parse_doc
 from attnlab.models.corpus import load_corpus
 
 #: the probe draws from the characters that make up this share of the training text: a character
@@ -76,9 +76,9 @@ def _trained_ids(loaded, n: int) -> list[int]:
     (`frequent_ids`, at least n); every id when the checkpoint names no corpus."""
     vocab = loaded.model.config.vocab_size
     try:
-        doc = json.loads((Path(loaded.path) / "attnlab.json").read_text(encoding="utf-8"))
+        doc = parse_doc(Path(loaded.path))  # bounded, no FIFO, no link out: as the load read it
         corpus = (doc.get("train") or {}).get("corpus")
-    except (OSError, ValueError, AttributeError):
+    except (AttnlabError, AttributeError):
         corpus = None
     if not isinstance(corpus, str):
         return list(range(vocab))

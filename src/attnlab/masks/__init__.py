@@ -14,7 +14,7 @@ Besides the built-in kinds, `from_function(fn)` takes FlexAttention's mask_mod c
 from attnlab.masks.alibi import ALiBi, alibi
 from attnlab.masks.band import Band, Window, ragged_causal, window
 from attnlab.masks.base import EMPTY, FULL, PARTIAL, Mask
-from attnlab.masks.blocks import BlockDiagonal, block_causal, block_diagonal
+from attnlab.masks.block_diagonal import BlockDiagonal, block_causal, block_diagonal
 from attnlab.masks.dense import from_dense
 from attnlab.masks.function import FunctionMask, from_function
 from attnlab.masks.positional import causal, prefix_lm, sliding_window

@@ -21,10 +21,10 @@ from torch import nn
 from attnlab import masks
 from attnlab.capture import AttentionCall
 from attnlab.errors import AttnlabError, check_dropout
+from attnlab.nn.attend import attend
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.mha import _check_heads
 from attnlab.nn.rotary import RotaryEmbedding
-from attnlab.nn.weights import attend
 
 
 def _record(q, k, v, w, scale: float) -> AttentionCall:

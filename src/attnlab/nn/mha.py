@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError, check_dropout, check_positive_int, fmt_shape
-from attnlab.nn.weights import attend
+from attnlab.nn.attend import attend
 
 
 class MultiHeadAttention(nn.Module):

@@ -22,10 +22,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -71,6 +73,8 @@ class KernelStatus:
 # lazily filled per process: isa -> torch.ops namespace, or the reason it failed
 _LOADED: dict[str, object] = {}
 _FAILED: dict[str, str] = {}
+_LOAD_LOCK = threading.Lock()  # one thread of a process builds or loads at a time
+log = logging.getLogger("attnlab.kernels")
 
 
 def enabled() -> bool:
@@ -136,17 +140,18 @@ def _names(isa: str) -> tuple[str, str]:
 def load(isa: str):
     """The torch.ops namespace of the `isa` build, building it first if needed. Raises
     RuntimeError with the reason when it cannot be had."""
-    if isa in _LOADED:
-        return _LOADED[isa]
-    if isa in _FAILED:
-        raise RuntimeError(_FAILED[isa])
-    try:
-        ops = _load(isa)
-    except Exception as e:  # a build can fail in many ways; each leaves the PyTorch path
-        _FAILED[isa] = _why(e)
-        raise RuntimeError(_FAILED[isa]) from None
-    _LOADED[isa] = ops
-    return ops
+    with _LOAD_LOCK:
+        if isa in _LOADED:
+            return _LOADED[isa]
+        if isa in _FAILED:
+            raise RuntimeError(_FAILED[isa])
+        try:
+            ops = _load(isa)
+        except Exception as e:  # a build can fail in many ways; each leaves the PyTorch path
+            _FAILED[isa] = _why(e)
+            raise RuntimeError(_FAILED[isa]) from None
+        _LOADED[isa] = ops
+        return ops
 
 
 def _why(e: Exception) -> str:
@@ -182,6 +187,8 @@ def _build(isa: str, name: str, ns: str, final: Path) -> None:
         if (final / f"{name}.so").exists():
             return  # another process built it while we waited
         tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.", suffix=".tmp", dir=root))
+        log.warning("attnlab: building the %s interval kernel into %s (once; about half a "
+                    "minute)", isa, final)
         try:
             _compile(isa, name, ns, tmp)
             os.rename(tmp, final)

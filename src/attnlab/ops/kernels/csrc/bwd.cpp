@@ -16,7 +16,7 @@ struct Rows {  // one query panel's packed inputs and per-row data
   float lse[BQ], delta[BQ];
 };
 
-// pack q·scale (ld ldq) and dO (ld ldv) of panel p of head (b, h); zero rows past L
+// pack q (ld ldq) and dO (ld ldv) of panel p of head (b, h); zero rows past L
 void load_rows(const Problem& pr, const float* lse, const float* delta, const float* dout, int b,
                int h, int p, int ldq, float* Qs, float* dOs, Rows& rw) {
   const int L = pr.L, D = pr.D, Dv = pr.Dv;
@@ -28,7 +28,7 @@ void load_rows(const Problem& pr, const float* lse, const float* delta, const fl
   const float* go = dout + (bh * L + rw.i0) * Dv;
   for (int r = 0; r < rw.ng * RQ; ++r) {
     const bool in = r < rw.nr;
-    for (int d = 0; d < ldq; ++d) Qs[r * ldq + d] = in && d < D ? q[r * D + d] * pr.scale : 0.0f;
+    for (int d = 0; d < ldq; ++d) Qs[r * ldq + d] = in && d < D ? q[r * D + d] : 0.0f;
     for (int d = 0; d < pr.ldv; ++d) dOs[r * pr.ldv + d] = in && d < Dv ? go[r * Dv + d] : 0.0f;
   }
   const int32_t* lo = pr.lo + b * (pr.Bl > 1 ? pr.lo_sb : 0) + h * (pr.Hl > 1 ? pr.lo_sh : 0) + rw.i0;
@@ -66,7 +66,7 @@ void grad_step(const Problem& pr, const Rows& rw, float* Sb, float* dPb, int64_t
       continue;
     }
     RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f, slope,
-               pr.slopes != nullptr, pr.pos_off - (rw.i0 + r)};
+               pr.slopes != nullptr, pr.pos_off - (rw.i0 + r), pr.scale};
     const bool full = lo <= j0 + va * W && j0 + vb * W <= hi;
     const vf l = vset(rw.lse[r]), dl = vset(rw.delta[r]);
     for (int v = va; v < vb; ++v) {
@@ -180,7 +180,7 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
       for (int m = (ka - kp0) & ~(RQ - 1); m < kb - kp0; m += RQ) {
         // dV[m..] += P[:, m..]ᵀ @ dO   (keys, rows) @ (rows, Dv) -> (keys, Dv)
         outer_rows(dV + m * ldv, ldv, nullptr, Pb + m, 1, KP, dOs, ldv, T, ldv);
-        // dK[m..] += dS[:, m..]ᵀ @ (Q·scale)   (keys, rows) @ (rows, D) -> (keys, D)
+        // dK[m..] += dS[:, m..]ᵀ @ Q   (keys, rows) @ (rows, D) -> (keys, D); · scale at the end
         outer_rows(dK + m * ldk, ldk, nullptr, dSb + m, 1, KP, Qs, ldk, T, ldk);
       }
     }
@@ -188,7 +188,7 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
   float* ok = dk + (kv * pr.S + kp0) * D;
   float* ov = dv + (kv * pr.S + kp0) * Dv;
   for (int j = 0; j < kp1 - kp0; ++j) {
-    for (int d = 0; d < D; ++d) ok[j * D + d] = dK[j * ldk + d];
+    for (int d = 0; d < D; ++d) ok[j * D + d] = dK[j * ldk + d] * pr.scale;
     for (int d = 0; d < Dv; ++d) ov[j * Dv + d] = dV[j * ldv + d];
   }
 }

@@ -95,15 +95,15 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
     return;
   }
   const int klo = pn.klo[at], khi = pn.khi[at], ng = (nr + RQ - 1) / RQ;
-  float* Qs = scratch;                 // (BQ, D): q · scale, packed once
+  float* Qs = scratch;                 // (BQ, D): q, packed once
   float* O = Qs + BQ * D;              // (BQ, ldv): running output
   float* Sb = O + (int64_t)BQ * ldv;   // (RQ, BK): one group's scores, then P
   float* m = Sb + RQ * BK;             // (BQ,) running max
   float* l = m + BQ;                   // (BQ,) running sum
   float* alpha = l + BQ;               // (RQ,)
   const float* q = pr.q + (bh * L + i0) * D;
-  for (int r = 0; r < ng * RQ; ++r)
-    for (int d = 0; d < D; ++d) Qs[r * D + d] = r < nr ? q[r * D + d] * pr.scale : 0.0f;
+  std::copy(q, q + (int64_t)nr * D, Qs);
+  zero_span(Qs + nr * D, (ng * RQ - nr) * D);
   zero_span(O, ng * RQ * ldv);
   std::fill(m, m + BQ, NEG_INF);
   std::fill(l, l + BQ, 0.0f);
@@ -128,7 +128,8 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
   const float* kt = pr.kt + kv * D * pr.S16;  // (S16/PAD, D, PAD)
   const float* v = pr.v + kv * pr.S * ldv;    // (S, ldv)
   RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f,
-             pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f, pr.slopes != nullptr, 0};
+             pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f, pr.slopes != nullptr, 0,
+             pr.scale};
   for (int j0 = klo & ~(PAD - 1); j0 < khi; j0 += BK) {
     for (int g = 0; g < ng; ++g) {
       const int ga = std::max(j0, glo[g]), gb = std::min(j0 + BK, ghi[g]);

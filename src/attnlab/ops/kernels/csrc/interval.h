@@ -11,7 +11,7 @@ namespace attnlab_k {
 
 constexpr int RQ = 4;    // query rows of one register block (a "group")
 constexpr int BQ = 64;   // query rows of one forward / dQ work item (a "panel"): 16 groups
-constexpr int BK = 128;  // key columns of one forward / dQ step
+constexpr int BK = 256;  // key columns of one forward / dQ step
 constexpr int KP = 64;   // keys of one dK/dV work item
 constexpr int PAD = 16;  // kt/vt columns and k/v rows are padded to multiples of this
 

@@ -19,7 +19,7 @@ static inline const float* chunked(const float* base, int D, int j) {
 }
 
 // C[r][t·W..] = Σ_d A[r·lda + d] · Kᵀ[d][keys of vector t] for RQ rows, NV vectors of keys:
-// scores Q·Kᵀ (A = packed, pre-scaled Q), or dP = dO·Vᵀ
+// products Q·Kᵀ (A = packed Q), or dP = dO·Vᵀ
 template <int NV>
 static inline void dot_tile(const float* A, int64_t lda, const float* const* bp, int D, float* C,
                             int64_t ldc) {
@@ -38,12 +38,15 @@ static inline void dot_tile(const float* A, int64_t lda, const float* const* bp,
     for (int t = 0; t < NV; ++t) vstore(C + r * ldc + t * W, acc[r][t]);
 }
 
-// vectors [va, vb) of C's RQ rows, C[·][0] at key j0; kt is the chunked (S16/PAD, D, PAD) Kᵀ
+// vectors [va, vb) of C's RQ rows, C[·][0] at key j0; kt is the chunked (S16/PAD, D, PAD) Kᵀ.
+// The vectors are split into tiles as even as possible (9 -> 3 + 3 + 3, not 4 + 4 + 1): a
+// one-vector tile has too few independent accumulators to keep the FMA units busy
 static inline void dot_rows(const float* A, int64_t lda, const float* kt, int D, int j0,
                             float* C, int64_t ldc, int va, int vb) {
-  for (int v = va; v < vb; v += NVK) {
+  const int total = vb - va, tiles = (total + NVK - 1) / NVK;
+  for (int i = 0, v = va; i < tiles; ++i) {
+    const int n = (total * (i + 1)) / tiles - (total * i) / tiles;
     const float* bp[NVK];
-    const int n = std::min(NVK, vb - v);
     for (int t = 0; t < NVK; ++t) bp[t] = chunked(kt, D, j0 + (v + std::min(t, n - 1)) * W);
     float* c = C + v * W;
     switch (n) {
@@ -52,6 +55,7 @@ static inline void dot_rows(const float* A, int64_t lda, const float* kt, int D,
       case 3: dot_tile<3>(A, lda, bp, D, c, ldc); break;
       default: dot_tile<NVK>(A, lda, bp, D, c, ldc); break;
     }
+    v += n;
   }
 }
 
@@ -91,17 +95,20 @@ static inline void outer_rows(float* C, int64_t ldc, const float* cs, const floa
   }
 }
 
-// What a row's scores need besides the product: the modifiers and the row's interval.
+// What a row's scores need besides the product: the scale, the modifiers, the row's position.
 struct RowMods {
   float cap, inv_cap;  // softcap (0: none)
   float slope;         // ALiBi slope of the head (0 and unused without slopes)
   bool alibi;
   int rel0;            // j - i + pos_off at j = 0: ALiBi's distance is rel0 + j
+  float scale;
 };
 
-// softcap and ALiBi on one vector of raw scores at keys j0.. ; t gets tanh(raw/cap) for the
-// softcap's gradient
+// the scale, softcap and ALiBi on one vector of products q·k at keys j0.. (ops/scores.py's order:
+// the product first, then the scale, as PyTorch's fused kernel rounds it, so an lse from here
+// fits the scores `attention_weights` recomputes); t gets tanh(s/cap) for the softcap's gradient
 static inline vf modify(vf x, const RowMods& md, int j0, vf* t) {
+  x = vmul(x, vset(md.scale));
   if (md.cap > 0) {
     vf th = vtanh(vmul(x, vset(md.inv_cap)));
     if (t) *t = th;
