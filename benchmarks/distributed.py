@@ -4,6 +4,8 @@ of time waiting on communication, and peak memory per rank.
 
     .venv/bin/python benchmarks/distributed.py                     # L=4096, P = 1 2, ~2 minutes
     .venv/bin/python benchmarks/distributed.py --L 8192 --world 1 2 4 --mask sliding:512
+    .venv/bin/python benchmarks/distributed.py --L 16384 --mask sliding:512 document:8 causal \
+        --strategies ring                                  # the window / document / causal tables
     .venv/bin/python benchmarks/distributed.py --auto --L 8192 --world 2   # does auto pick well?
 
 Each (P, strategy) runs in fresh processes, so the peak resident memory each rank adds while it
@@ -118,33 +120,12 @@ def run(cfg: Config, world: int, strategy: str, timeout_s: float = 1800) -> list
     return spawn(_rank_main, world, cfg, strategy, timeout_s=timeout_s, group_timeout_s=600)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--L", type=int, default=4096)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=None)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp64"])
-    ap.add_argument("--mask", default="causal", help="as `attnlab plan-cp --mask`")
-    ap.add_argument("--layout", default="zigzag")
-    ap.add_argument("--world", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--strategies", nargs="+", default=["ring", "allgather", "ulysses"])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--auto", action="store_true", help="the auto table instead: each strategy "
-                    "measured and auto's pick on a calibration (benchmarks/distributed_auto.py)")
-    a = ap.parse_args(argv)
-    if a.auto:
-        from distributed_auto import auto_table
-
-        for P in a.world:
-            auto_table(a.L, a.heads, a.head_dim, P, a.repeats)
-        return 0
-    cfg = Config(a.L, a.heads, a.kv_heads or a.heads, a.head_dim, a.dtype, a.mask, a.layout,
-                 a.repeats)
+def table(cfg: Config, worlds, strategies) -> None:
+    """One table: single-process attnlab, then every (P, strategy), each in fresh processes."""
     print(f"# context-parallel attention, fwd+bwd: L={cfg.L}, B=1, H={cfg.H}, Hkv={cfg.Hkv}, "
           f"D={cfg.D}, {cfg.dtype}, mask {cfg.mask}, layout {cfg.layout}; torch "
           f"{torch.__version__}, {os.cpu_count()} CPUs, 1 thread per rank, gloo on loopback; "
-          f"median of {cfg.repeats}\n")
+          f"median of {cfg.repeats}; load average {os.getloadavg()[0]:.1f} at the start\n")
     (single,) = run(cfg, 1, "single")
     print("| P | strategy | ms | × single | sent MiB/rank | plan MiB/rank | msgs/rank | wait % | "
           "peak MiB/rank | peak / single |")
@@ -152,8 +133,8 @@ def main(argv=None) -> int:
     print(f"| 1 | attnlab.attention | {single['s'] * 1e3:,.0f} | 1.00 | 0 | 0 | 0 | 0 | "
           f"{single['peak']:,.0f} | 1.00 |")
     mib = 2**20
-    for P in a.world:
-        for strategy in a.strategies:
+    for P in worlds:
+        for strategy in strategies:
             try:
                 rows = run(cfg, P, strategy)
             except Exception as e:
@@ -167,7 +148,36 @@ def main(argv=None) -> int:
                   f"{max(r['plan'] for r in rows) / mib:,.2f} | "
                   f"{max(r['msgs'] for r in rows)} | "
                   f"{100 * max(r['wait'] for r in rows):.0f} | {peak:,.0f} | "
-                  f"{peak / max(single['peak'], 1e-9):.2f} |")
+                  f"{peak / max(single['peak'], 1e-9):.2f} |", flush=True)
+    print()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--L", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp64"])
+    ap.add_argument("--mask", nargs="+", default=["causal"],
+                    help="as `attnlab plan-cp --mask`; several: one table each")
+    ap.add_argument("--layout", default="zigzag")
+    ap.add_argument("--world", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--strategies", nargs="+", default=["ring", "allgather", "ulysses"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--auto", action="store_true", help="the auto table instead: each strategy "
+                    "measured and auto's pick on a calibration (benchmarks/distributed_auto.py)")
+    a = ap.parse_args(argv)
+    if a.auto:
+        from distributed_auto import auto_table
+
+        for P in a.world:
+            auto_table(a.L, a.heads, a.head_dim, P, a.repeats)
+        return 0
+    for mask in a.mask:
+        cfg = Config(a.L, a.heads, a.kv_heads or a.heads, a.head_dim, a.dtype, mask, a.layout,
+                     a.repeats)
+        table(cfg, a.world, a.strategies)
     return 0
 
 

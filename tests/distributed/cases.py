@@ -86,6 +86,15 @@ def exact_cases() -> list[dict]:
         for strategy in ("ring", "allgather"):
             add(P=4, layout=layout, strategy=strategy, mask="docshard", L=37,
                 slow=layout == "zigzag")
+    # striped windows and & | ~ masks where tiles are several positions wide (PARTIAL tiles
+    # refined by the mask): exact end to end; L = 300 in the default run, 257 and 512 slow
+    for L in (257, 300, 512):
+        for P in (2, 3):
+            for mk in ("sliding", "combo", "window_or_prefix", "not_window", "window_and_doc"):
+                for strategy in ("ring", "allgather"):
+                    lay = "striped" if mk in ("sliding", "combo") or P == 2 else "zigzag"
+                    add(P=P, layout=lay, strategy=strategy, mask=mk, L=L, B=1, heads="mha1",
+                        D=16, slow=L != 300)
     for scale in (-0.5, 0.0):  # PyTorch's fused causal kernel is NaN for these alone
         for strategy in STRATEGIES:
             add(P=2, layout="zigzag", strategy=strategy, mask="causal", L=29, scale=scale)
@@ -274,6 +283,17 @@ def run_error_cases(rank: int, world: int, groups) -> dict:
     ys = cp.shard(y, "zigzag", group=g)
     res["ulysses_heads"] = _catch(
         lambda: cp.context_parallel_attention(ys, ys, ys, group=g, strategy="ulysses"))
+    # rank 3 shards a sequence of 15, the others one of 16: the sizes happen to fit a layout of
+    # 15 rows ([4, 4, 4, 3]); only seq_len tells
+    z = x if rank != 3 else x[:, :, :15]
+    zs = cp.shard(z, "contiguous", group=g)
+    res["mixed_lengths_unchecked"] = _catch(lambda: cp.context_parallel_attention(
+        zs, zs, zs, group=g, layout="contiguous", strategy="ring"))
+    res["seq_len_sum"] = _catch(lambda: cp.context_parallel_attention(
+        zs, zs, zs, group=g, layout="contiguous", strategy="ring", seq_len=16))
+    res["seq_len_differs"] = _catch(call(seq_len=17 if rank == 3 else 16))
+    res["seq_len_bad"] = _catch(call(seq_len=(16, 0)))
+    res["seq_len_ok"] = _catch(call(seq_len=(16, 16)))
     # the group still works after all of that
     o = cp.context_parallel_attention(xs, xs, xs, group=g, is_causal=True)
     ref = cp.shard(attnlab.attention(x, x, x, is_causal=True), "zigzag", group=g)

@@ -42,3 +42,18 @@ def test_bad_arguments(kw, name):
     world = args.pop("world")
     with pytest.raises(AttnlabError, match=name):
         spawn(workers.sleeps, world, **args)
+
+
+def test_a_rank_that_skips_its_backward_is_named_by_the_library():
+    """The rank that waits raises an AttnlabError naming the silent peer and what it skipped."""
+    msg, other = spawn(workers.skips_backward, 2, True, timeout_s=120, group_timeout_s=10)
+    assert other == "returned"
+    assert "rank 1 did not run the backward of context_parallel_attention call 3" in msg, msg
+    assert "rank 0 waited" in msg and "key/value" in msg
+
+
+def test_a_rank_that_skips_its_backward_is_named_by_spawn():
+    with pytest.raises(SpawnError, match="rank 1 of 2 returned without running the backward "
+                                         "of context_parallel_attention call 3") as e:
+        spawn(workers.skips_backward, 2, False, timeout_s=120, group_timeout_s=10)
+    assert e.value.rank == 1 and "rank 0 waited" in str(e.value)

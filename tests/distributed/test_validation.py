@@ -27,6 +27,9 @@ def _same_everywhere(errors, key) -> str:
     ("one_bad_rank", ["rank 1: key:", "(1, 4, 4, 4)"]),
     ("wrong_rows", ["query:", "[5, 4, 4, 4]", "zigzag", "L = 17", "shard"]),
     ("ulysses_heads", ["ulysses", "H = 6", "Hkv = 6", "world = 4"]),
+    ("seq_len_sum", ["seq_len:", "add up to L = 15", "[4, 4, 4, 3]", "seq_len gives L = 16"]),
+    ("seq_len_differs", ["seq_len: differs across ranks", "rank 3 has 17"]),
+    ("seq_len_bad", ["seq_len: expected a positive int or a pair", "(16, 0)"]),
 ])
 def test_mismatch_is_the_same_error_on_every_rank(errors, key, needles):
     msg = _same_everywhere(errors, key)
@@ -44,6 +47,15 @@ def test_unshard_restores_the_whole_tensor(errors):
         assert e["unshard"] == 0.0 and e["unshard_striped"] == 0.0
 
 
+def test_seq_len_catches_shards_of_different_sequences(errors):
+    """Without seq_len the shard sizes of a 15- and a 16-token sequence pass; with it, not."""
+    assert all(e["mixed_lengths_unchecked"] == "no error" for e in errors)
+    assert all(e["seq_len_ok"] == "no error" for e in errors)
+
+
 def test_a_missing_peer_is_an_error_not_a_hang(errors):
-    assert errors[0]["missing_peer"].startswith("RuntimeError"), errors[0]["missing_peer"]
+    msg = errors[0]["missing_peer"]
+    assert msg.startswith("AttnlabError: a rank of the group did not run the argument check "
+                          "of context_parallel_attention call"), msg
+    assert "rank 0 waited in its all_gather" in msg
     assert all(e["pi"] > 3 for e in errors)  # every rank got to the end

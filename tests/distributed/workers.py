@@ -33,3 +33,32 @@ def one_exits(rank: int, world: int):
 
 def sleeps(rank: int, world: int):
     time.sleep(60)
+
+
+def _cp_call(rank: int, world: int, backward: bool):
+    import attnlab.distributed as cp
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 16, 8, generator=g, dtype=torch.float64)
+    xs = cp.shard(x).requires_grad_()
+    out = cp.context_parallel_attention(xs, xs, xs, is_causal=True, strategy="ring")
+    if backward:
+        out.sum().backward()
+
+
+def skips_backward(rank: int, world: int, catch: bool):
+    """Calls 1 and 2 run forward and backward on every rank; in call 3 rank 1 skips the backward
+    and returns. catch: rank 0 returns its error's message instead of raising."""
+    from attnlab.errors import AttnlabError
+
+    for call in (1, 2, 3):
+        if call == 3 and rank == 1:
+            _cp_call(rank, world, backward=False)
+            return "returned"
+        try:
+            _cp_call(rank, world, backward=True)
+        except AttnlabError as e:
+            if not catch:
+                raise
+            return str(e)
+    return "done"

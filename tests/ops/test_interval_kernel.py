@@ -94,6 +94,34 @@ def test_softcap_and_alibi(isa, softcap, alibi, kind):
     run_case(isa, SHAPES[0], kind, softcap, alibi, grad=True)
 
 
+@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("kind", ["causal_br", "window", "empty_rows", "padding"])
+@pytest.mark.parametrize("shape", SHAPES[:2])
+def test_both_backward_schedules(mode, kind, shape, monkeypatch):
+    """dQ added during the dK/dV pass (fused) and a separate dQ pass (split) both keep the rule,
+    whatever the thread count would pick."""
+    monkeypatch.setenv("ATTNLAB_KERNEL_BWD", mode)
+    run_case(None, shape, kind, 3.0, True, grad=True)
+
+
+def test_backward_schedule_is_checked(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL_BWD", "both")
+    q = torch.randn(1, 1, 4, 8, requires_grad=True)
+    lo, hi = torch.zeros(1, 1, 4, dtype=torch.int32), torch.full((1, 1, 4), 4, dtype=torch.int32)
+    out, _ = kernels.interval_attention(q, q, q, lo, hi, scale=1.0)
+    with pytest.raises(RuntimeError, match="ATTNLAB_KERNEL_BWD"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("S,n", [(1, 59), (16, 64), (33, 7)])
+def test_compiled_keys_last_is_the_gate_layout(isa, S, n):
+    from attnlab.ops.kernels import build, gate
+
+    x = torch.randn(2, 3, S, n)
+    assert torch.equal(build.get(isa).keys_last(x), gate.keys_last(x))
+
+
 @pytest.mark.parametrize("L,S", [(1, 1), (1, 300), (300, 1), (257, 257)])
 def test_lengths_at_block_edges(L, S):
     run_case(None, (1, 2, 1, L, S, 16, 24), "causal_br", 4.0, True, grad=True)

@@ -19,6 +19,9 @@ import json
 
 from attnlab.cli.options import add_alias, add_threads
 
+#: --mask document:N builds one id per position: planning stays within a few hundred MB up to this
+MAX_DOCUMENT_LEN = 1 << 24
+
 
 def add_parser(sub):
     p = sub.add_parser("plan-cp", help="plan context-parallel attention: bytes, FLOPs, time",
@@ -88,6 +91,9 @@ def parse_mask(spec: str, L: int):
         return masks.sliding_window(n), False
     if kind == "prefix":
         return masks.prefix_lm(n), False
+    if L > MAX_DOCUMENT_LEN:  # the mask holds one document id per position
+        raise AttnlabError(f"--mask: document:N holds one id per position; --L at most "
+                           f"{MAX_DOCUMENT_LEN:,} = 2^24 with it, got {L:,}")
     ids = torch.arange(L) * n // L  # N equal documents
     return masks.document(ids), True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,7 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
                                enable_gqa: bool = False, softcap: float | None = None,
                                return_lse: bool = False, dropout_p: float = 0.0,
                                dropout_seed: int | None = None, ulysses_size: int | None = None,
-                               calibration=None):
+                               calibration=None, seq_len=None):
     """Attention over a sequence split across the ranks of `group`, exactly as on one process.
 
     Every rank passes its shard, in `layout` order (see `shard`):
@@ -56,6 +57,10 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
             consecutive ranks, ring across groups; "auto" then weighs it too).
         calibration: a `Calibration` from `attnlab.distributed.calibrate`: "auto" plans with
             its measured link, latency and compute instead of the defaults.
+        seq_len: the global sequence length, checked: an int (L = S) or a pair (L, S). Without
+            it the global length is the sum of the ranks' shard lengths, so ranks that shard
+            sequences of different lengths can pass the layout's size check and compute garbage;
+            with it they get an AttnlabError naming the ranks.
 
     A row that may attend nothing gets output 0 and lse −inf; NaN in keys or values no query may
     attend never reaches the output. Differentiable: gradients reach every rank's q, k, v (all
@@ -66,24 +71,32 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
             differ (naming the argument and the ranks).
     """
     rank, world = comm.rank_world(group)
+    call_no = comm.next_call()
     desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
-                     softcap, dropout_p, dropout_seed)
+                     softcap, dropout_p, dropout_seed, seq_len)
     desc["ulysses_size"] = ulysses_size
-    descs = validate.gather_descriptions(desc, group, _device(query))
+    with comm.during(call_no, "argument check"):
+        descs = validate.gather_descriptions(desc, group, _device(query))
     validate.check_agreement(descs)
     seed = descs[0]["drawn_seed"] if dropout_seed is None else int(dropout_seed)
     L, S = validate.check_rows(descs, layout)
+    validate.check_seq_len(seq_len, L, S, descs)
     m = cost.effective_mask(mask, is_causal)
     if m is not None:
         m.check(L, S)
     B, H, _, D = query.shape
     Hkv, Dv = key.shape[1], value.shape[-1]
-    geom = Geometry(L, S, world, layout, m)
+    # the call's signature: the same one plans once (geometry and estimates are pure functions
+    # of it; the mask enters by its fingerprint, a digest of every tensor inside it)
+    sig = (L, S, world, layout, descs[0]["mask"], bool(is_causal))
+    geom = _cached(sig, lambda: Geometry(L, S, world, layout, m))
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc, float(dropout_p),
-             seed if dropout_p > 0 else 0)
-    est = _estimates(geom, B, H, Hkv, D, Dv, query.dtype, m, ulysses_size, calibration,
-                     dropout_p)
+             seed if dropout_p > 0 else 0, call_no)
+    est = _cached((*sig, B, H, Hkv, D, Dv, str(query.dtype), ulysses_size, calibration,
+                   float(dropout_p) > 0),
+                  lambda: _estimates(geom, B, H, Hkv, D, Dv, query.dtype, m, ulysses_size,
+                                     calibration, dropout_p))
     if strategy == "hybrid" and "hybrid" not in est:
         raise AttnlabError("ulysses_size: strategy 'hybrid' needs ulysses_size=U, the ranks "
                            f"of a group (a divisor of world = {world})")
@@ -121,12 +134,28 @@ def _estimates(geom, B, H, Hkv, D, Dv, dtype, m, U, calibration, dropout_p):
     return est
 
 
+#: plans (geometries and estimates) of the most recent call signatures of this process
+_PLANS: OrderedDict = OrderedDict()
+PLAN_CACHE_SIZE = 64
+
+
+def _cached(key, make):
+    """make() once per key, the PLAN_CACHE_SIZE most recent kept (least recently used dropped)."""
+    if key in _PLANS:
+        _PLANS.move_to_end(key)
+        return _PLANS[key]
+    _PLANS[key] = val = make()
+    if len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return val
+
+
 def _device(x):
     return x.device if isinstance(x, torch.Tensor) else None
 
 
 def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
-              softcap, dropout_p=0.0, dropout_seed=None) -> dict:
+              softcap, dropout_p=0.0, dropout_seed=None, seq_len=None) -> dict:
     """This rank's call as plain data, with the error its own inputs raise (if any)."""
     desc: dict = {"error": None, "rows": [0, 0], "drawn_seed": None}
     try:
@@ -163,6 +192,11 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
         })
     except AttnlabError as e:
         desc["error"] = str(e)
+    try:
+        validate.seq_len_pair(seq_len)
+    except AttnlabError as e:
+        desc["error"] = desc["error"] or str(e)
+    desc.update({"seq_len": seq_len if not isinstance(seq_len, tuple) else list(seq_len)})
     desc.update({"layout": layout, "strategy": strategy, "mask": validate.fingerprint(mask)
                  if isinstance(mask, Mask) else None, "is_causal": is_causal,
                  "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap,

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.distributed import comm, keyed
+from attnlab.distributed.blockmask import BlockOf
 from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward, merge
-from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.geometry import Geometry, _tiles_exact
 from attnlab.distributed.layouts import Piece
-from attnlab.masks import EMPTY, FULL
+from attnlab.masks import EMPTY, FULL, PARTIAL
 from attnlab.ops import nonfinite
 
 #: most score elements (B·H·rows·keys) one block computes at a time
@@ -45,6 +46,7 @@ class Call:
     acc: torch.dtype  # accumulation dtype: float64 for float64 inputs, else float32
     dropout_p: float = 0.0
     dropout_seed: int = 0  # the key of the dropout masks (see distributed.keyed)
+    call_no: int = 0  # this process's count of context-parallel calls (errors name it)
 
     @property
     def q_pieces(self) -> list[Piece]:
@@ -58,12 +60,21 @@ class Call:
         for qi, qp in enumerate(self.q_pieces):
             for kp in k_pieces:
                 cls = g.pair_class(qp, kp)
+                if cls == PARTIAL and self._structured_block(qp, kp) and (
+                        qp.chunk is None or kp.chunk is None or not _tiles_exact(g.mask)):
+                    cls = _run_class(g, qp, kp)  # exact, from tiles or per-row intervals
                 if cls == EMPTY:
                     continue
                 if cls != FULL and self._causal_diagonal(qp, kp):
                     if log:
                         comm.log_pair(qp.length, kp.length)
                     yield qi, slice(qp.start, qp.start + qp.length), kp, CAUSAL
+                    continue
+                if cls != FULL and self._structured_block(qp, kp):
+                    if log:
+                        comm.log_pair(qp.length, kp.length)
+                    yield qi, slice(qp.start, qp.start + qp.length), kp, BlockOf(
+                        g.mask, int(qp.positions[0]), int(kp.positions[0]), g.L, g.S)
                     continue
                 step = max(1, SCORE_BUDGET // (per_row * kp.length))
                 logged = False
@@ -80,6 +91,14 @@ class Call:
                         logged = True
                     yield qi, slice(qp.start + a, qp.start + b), kp, allowed
 
+
+    def _structured_block(self, qp: Piece, kp: Piece) -> bool:
+        """The pair runs whole on the single-process path with the global mask seen from the
+        block (`BlockOf`): both pieces are runs of consecutive positions, the pair's class is
+        exact (a PARTIAL pair has something to attend) and no dropout needs a dense keyed mask."""
+        g = self.geom
+        return (self.dropout_p == 0 and g.mask is not None and _run(qp) and _run(kp)
+                and (_tiles_exact(g.mask) or g.intervals is not None))
 
     def _causal_diagonal(self, qp: Piece, kp: Piece) -> bool:
         """Under a plain causal mask, the block of a run of consecutive positions against the
@@ -135,8 +154,10 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
                                    keep(c, q_acc, qi, rows, kp), c.dropout_p)
         else:  # attnlab's own fused/tiled op on the block, in the accumulation dtype
             causal = allowed is CAUSAL
-            p = make_problem(q_acc[:, :, rows], k, v, None if causal else allowed, 0.0, causal,
-                             c.scale, k.shape[1] != q_acc.shape[1], mask=None, softcap=c.softcap)
+            structured = allowed if isinstance(allowed, BlockOf) else None
+            dense = None if causal or structured is not None else allowed
+            p = make_problem(q_acc[:, :, rows], k, v, dense, 0.0, causal, c.scale,
+                             k.shape[1] != q_acc.shape[1], mask=structured, softcap=c.softcap)
             o, l = dispatch.run("auto", p, need_lse=True, clean_always=c.geom.mask is not None)
         out, lse = state[qi]
         sl = _local(c, qi, rows)
@@ -226,3 +247,28 @@ def _clean_keys(c: Call, k: torch.Tensor, v: torch.Tensor):
         return k, v, None
     bad = ~(torch.isfinite(k).all(-1, keepdim=True) & torch.isfinite(v).all(-1, keepdim=True))
     return k.masked_fill(bad, 0.0), v.masked_fill(bad, 0.0), bad
+
+
+
+def _run(p: Piece) -> bool:
+    """The piece holds consecutive global positions."""
+    return p.chunk is not None or (p.length > 0
+                                   and int(p.positions[-1] - p.positions[0]) == p.length - 1)
+
+
+def _run_class(g: Geometry, qp: Piece, kp: Piece) -> int:
+    """EMPTY, PARTIAL or FULL of a block of two runs, from the mask's tile arithmetic (exact for
+    masks whose tiles are exact), the same for every batch element and head only if so."""
+    q0, k0 = int(qp.positions[0]), int(kp.positions[0])
+    if g.intervals is not None:  # exact for any interval-shaped mask, `&` included
+        lo, hi = (x[..., q0:q0 + qp.length].long() for x in g.intervals)  # (Bm, Hm, Lb)
+        n = (torch.clamp(hi, max=k0 + kp.length) - torch.clamp(lo, min=k0)).clamp(min=0)
+        if not bool(n.any()):
+            return EMPTY
+        return FULL if bool((n == kp.length).all()) else PARTIAL
+    t = g.mask._tiles(torch.tensor([[q0]]), torch.tensor([[q0 + qp.length - 1]]),
+                      torch.tensor([[k0]]), torch.tensor([[k0 + kp.length - 1]]), g.L, g.S)
+    t = t.reshape(-1)
+    if bool((t == EMPTY).all()):
+        return EMPTY
+    return FULL if bool((t == FULL).all()) else PARTIAL

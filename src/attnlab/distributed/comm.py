@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from attnlab.errors import AttnlabError
+
 
 @dataclass
 class Op:
@@ -76,6 +78,44 @@ class CommLog:
 
 
 _logs: list[CommLog] = []
+#: what this process is doing, for the error a missing peer raises: [call number, phase]
+_doing: list = [None]
+_calls = [0]
+
+
+def next_call() -> int:
+    """Number this process's next context-parallel call (1, 2, ...): errors name it."""
+    _calls[0] += 1
+    return _calls[0]
+
+
+@contextmanager
+def during(call_no: int, phase: str) -> Iterator[None]:
+    """Communication inside this block belongs to `phase` of context_parallel_attention call
+    `call_no` (what a missing peer's error says it did not run)."""
+    before = _doing[0]
+    _doing[0] = (call_no, phase)
+    try:
+        yield
+    finally:
+        _doing[0] = before
+
+
+def _activity(phase: str) -> str:
+    if _doing[0] is None:
+        return f"the {phase} communication"
+    n, ph = _doing[0]
+    return f"the {ph} of context_parallel_attention call {n}"
+
+
+def _ranks(rs) -> str:
+    rs = sorted(set(rs))
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _last(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[-1][:200] if lines else type(e).__name__
 
 
 @contextmanager
@@ -142,7 +182,14 @@ def _collective(kind: str, phase: str, sent: int, world: int, call) -> None:
     """Run one collective and log it: `sent` bytes in P − 1 messages leave this rank and as many
     arrive."""
     t0 = time.perf_counter()
-    call()
+    try:
+        call()
+    except RuntimeError as e:  # the group's timeout or a peer that left
+        me = rank_world(None)[0] if is_initialized() else 0
+        raise AttnlabError(
+            f"a rank of the group did not run {_activity(phase)}: rank {me} waited in its "
+            f"{kind} ({time.perf_counter() - t0:.1f} s; every rank must make the same calls, "
+            f"backward included, in the same order) [{_last(e)}]") from e
     _log(Op(kind, phase, sent, sent, seconds=time.perf_counter() - t0, msgs_out=world - 1,
             msgs_in=world - 1))
 
@@ -182,32 +229,53 @@ class Exchange:
         self.ops: list = []
         self.logged: list[Op] = []
         self.works: list = []
+        self.expected: list[tuple[int, str]] = []  # (peer, what it was to do)
+        self.activity = _activity(phase)
 
-    def send(self, x: torch.Tensor, peer: int, tag: int) -> None:
+    def send(self, x: torch.Tensor, peer: int, tag: int, what: str = "a tensor") -> None:
         x = x.contiguous()
         self.ops.append(dist.P2POp(dist.isend, x, global_rank(self.group, peer), self.group, tag))
         self.logged.append(Op("send", self.phase, nbytes(x), 0, peer, msgs_out=1))
+        self.expected.append((peer, f"to receive {what}"))
 
-    def recv(self, x: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
+    def recv(self, x: torch.Tensor, peer: int, tag: int, what: str = "a tensor") -> torch.Tensor:
         self.ops.append(dist.P2POp(dist.irecv, x, global_rank(self.group, peer), self.group, tag))
         self.logged.append(Op("recv", self.phase, 0, nbytes(x), peer, msgs_in=1))
+        self.expected.append((peer, f"to send {what}"))
         return x
 
     def post(self) -> Exchange:
         if self.ops:
-            self.works = dist.batch_isend_irecv(self.ops)
+            try:
+                self.works = dist.batch_isend_irecv(self.ops)
+            except RuntimeError as e:  # a peer that already left
+                raise self._silent(e, 0.0) from e
         return self
 
     def wait(self) -> None:
         t0 = time.perf_counter()
-        for w in self.works:
-            w.wait()
+        try:
+            for w in self.works:
+                w.wait()
+        except RuntimeError as e:  # the group's timeout or a peer that left
+            self.works = []
+            raise self._silent(e, time.perf_counter() - t0) from e
         self.works = []
         if self.logged:
             self.logged[0].seconds = time.perf_counter() - t0
         for op in self.logged:
             _log(op)
         self.logged = []
+
+    def _silent(self, e: BaseException, waited: float) -> AttnlabError:
+        """The error of a wait that failed: the peers it expected and what each was to do."""
+        me = rank_world(self.group)[0]
+        peers = [p for p, _ in self.expected]
+        whats = "; ".join(dict.fromkeys(f"rank {p} {w}" for p, w in self.expected))
+        return AttnlabError(
+            f"{_ranks(peers)} did not run {self.activity}: rank {me} waited {waited:.1f} s "
+            f"for it ({whats}); every rank must make the same calls, backward included, in the "
+            f"same order [{_last(e)}]")
 
 
 def group_ranks(group) -> list[int]:

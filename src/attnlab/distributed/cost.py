@@ -52,6 +52,10 @@ DEFAULT_LINK_GBPS, DEFAULT_TFLOPS = 100.0, 100.0
 #: per-message latency, µs: a typical inter-node message over InfiniBand / RoCE (NCCL; a few µs
 #: over NVLink within a node, tens of µs for gloo over TCP)
 DEFAULT_LATENCY_US = 10.0
+#: the largest sizes `plan` accepts: it plans on tile classes (a grid of about 2·world ×
+#: MAX_KEY_BLOCKS tiles, never per position), in a few seconds and a few hundred MB up to these
+MAX_PLAN_WORLD = 256
+MAX_PLAN_LEN = 1 << 32
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
           "fp16": torch.float16}
 
@@ -155,11 +159,12 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
 
     out = {}
     # point to point: rank r sends the rows each other rank needs of its keys, once
-    cnt = [[geom.count_needed(r, s) if r != s else 0 for s in range(P)] for r in range(P)]
-    rows_out = [sum(cnt[d][r] for d in range(P)) for r in range(P)]  # rows others fetch from r
-    rows_in = [sum(cnt[r]) for r in range(P)]  # rows r fetches
-    peers_out = [sum(1 for d in range(P) if cnt[d][r]) for r in range(P)]
-    peers_in = [sum(1 for s in range(P) if cnt[r][s]) for r in range(P)]
+    cnt = geom.count_matrix.clone()  # (P, P): cnt[r][s] keys of rank s that rank r needs
+    cnt.fill_diagonal_(0)
+    rows_out = cnt.sum(0).tolist()  # rows others fetch from r
+    rows_in = cnt.sum(1).tolist()  # rows r fetches
+    peers_out = (cnt > 0).sum(0).tolist()
+    peers_in = (cnt > 0).sum(1).tolist()
     p2p = (
         [x * row_e for x in rows_out], [y * row_e for y in rows_in],
         # backward: the keys again, then each partial dK/dV back to its owner
@@ -338,6 +343,13 @@ def plan(L: int, H: int, Hkv: int, D: int, world: int, *, mask: Mask | None = No
                     ("world", world), ("batch", batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
+    if world > MAX_PLAN_WORLD:
+        raise AttnlabError(f"world: plan handles at most {MAX_PLAN_WORLD} ranks (its cost grows "
+                           f"as world² × key blocks), got {world}")
+    for name, v in (("L", L), ("S", S)):
+        if v > MAX_PLAN_LEN:
+            raise AttnlabError(f"{name}: plan handles sequences of at most {MAX_PLAN_LEN:,} = 2^32 "
+                               f"positions, got {v:,}")
     if H % Hkv:
         raise AttnlabError(f"Hkv: query heads H = {H} must be a multiple of Hkv = {Hkv}")
     link_gbps, intra_gbps, tflops, latency_us = links(link_gbps, intra_gbps, inter_gbps, tflops,

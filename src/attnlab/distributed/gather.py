@@ -17,6 +17,7 @@ from attnlab.distributed.attend import Call
 from attnlab.distributed.comm import Exchange
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 21, 22, 23, 24
+ROWS, GRADS = "key/value rows", "key/value gradients"  # what a peer waits for
 
 
 def padded(x: torch.Tensor, n_max: int) -> torch.Tensor:
@@ -47,12 +48,12 @@ def _sparse_gather(c: Call, k, v, phase: str):
             continue
         rows = c.geom.rows_needed(s, c.rank).to(k.device)
         if len(rows):  # (B, Hkv, m, D) -> rank s: the m keys its queries may attend
-            ex.send(k.index_select(2, rows), s, TAG_K)
-            ex.send(v.index_select(2, rows), s, TAG_V)
+            ex.send(k.index_select(2, rows), s, TAG_K, ROWS)
+            ex.send(v.index_select(2, rows), s, TAG_V, ROWS)
         need = c.geom.rows_needed(c.rank, s)
         if len(need):  # (B, Hkv, m, D) <- rank s
-            kr = ex.recv(k.new_empty(B, Hkv, len(need), D), s, TAG_K)
-            vr = ex.recv(v.new_empty(B, Hkv, len(need), Dv), s, TAG_V)
+            kr = ex.recv(k.new_empty(B, Hkv, len(need), D), s, TAG_K, ROWS)
+            vr = ex.recv(v.new_empty(B, Hkv, len(need), Dv), s, TAG_V, ROWS)
             blocks.append((kr, vr, c.geom.received_pieces(c.rank, s)))
     ex.post().wait()
     return blocks
@@ -61,28 +62,39 @@ def _sparse_gather(c: Call, k, v, phase: str):
 class GatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c: Call):
-        dense = c.world > 1 and c.geom.all_need_all
-        gather = _dense_gather if dense else _sparse_gather
-        blocks = gather(c, k, v, "forward")
-        q_acc, Dv = q.to(c.acc), v.shape[-1]
-        state = attend.start_state(c, q, Dv)
-        for kb, vb, pieces in blocks:
-            attend.forward_block(c, state, q_acc, kb, vb, pieces)
-        ctx.dense = dense
-        return attend.finish_forward(ctx, c, state, q, k, v)
+        with comm.during(c.call_no, "forward"):
+            return _forward(ctx, q, k, v, c)
 
     @staticmethod
     def backward(ctx, dout, dlse):
         c, q, k, v, saved, dq = attend.start_backward(ctx, dout, dlse)
-        gather = _dense_gather if ctx.dense else _sparse_gather
-        blocks = gather(c, k, v, "backward")  # fetched again: nothing of size S is kept
-        grads = [attend.backward_block(c, saved, dq, kb, vb, pieces) for kb, vb, pieces in blocks]
-        n = k.shape[2]
-        if ctx.dense:
-            dk, dv = _reduce_scatter(c, grads)
-        else:
-            dk, dv = _sparse_return(c, grads, k, v)
-        return dq.to(q.dtype), dk[:, :, :n].to(k.dtype), dv[:, :, :n].to(v.dtype), None
+        with comm.during(c.call_no, "backward"):
+            return _backward(ctx, c, q, k, v, saved, dq)
+
+
+def _forward(ctx, q, k, v, c: Call):
+    dense = c.world > 1 and c.geom.all_need_all
+    gather = _dense_gather if dense else _sparse_gather
+    blocks = gather(c, k, v, "forward")
+    q_acc, Dv = q.to(c.acc), v.shape[-1]
+    state = attend.start_state(c, q, Dv)
+    for kb, vb, pieces in blocks:
+        attend.forward_block(c, state, q_acc, kb, vb, pieces)
+    ctx.dense = dense
+    return attend.finish_forward(ctx, c, state, q, k, v)
+
+
+def _backward(ctx, c: Call, q, k, v, saved, dq):
+    gather = _dense_gather if ctx.dense else _sparse_gather
+    blocks = gather(c, k, v, "backward")  # fetched again: nothing of size S is kept
+    grads = [attend.backward_block(c, saved, dq, kb, vb, pieces) for kb, vb, pieces in blocks]
+    n = k.shape[2]
+    if ctx.dense:
+        dk, dv = _reduce_scatter(c, grads)
+    else:
+        dk, dv = _sparse_return(c, grads, k, v)
+    return dq.to(q.dtype), dk[:, :, :n].to(k.dtype), dv[:, :, :n].to(v.dtype), None
+
 
 
 def _reduce_scatter(c: Call, grads):
@@ -103,13 +115,13 @@ def _sparse_return(c: Call, grads, k, v):
         if s == c.rank:
             continue
         if c.geom.count_needed(c.rank, s):  # (B, Hkv, m, D) fp32 -> rank s: grads of its keys
-            ex.send(grads[i][0], s, TAG_DK)
-            ex.send(grads[i][1], s, TAG_DV)
+            ex.send(grads[i][0], s, TAG_DK, GRADS)
+            ex.send(grads[i][1], s, TAG_DV, GRADS)
             i += 1
         rows = c.geom.rows_needed(s, c.rank).to(dk.device)
         if len(rows):  # (B, Hkv, m, D) fp32 <- rank s: grads of the keys it fetched from here
-            gk = ex.recv(dk.new_empty(*dk.shape[:2], len(rows), dk.shape[-1]), s, TAG_DK)
-            gv = ex.recv(dv.new_empty(*dv.shape[:2], len(rows), dv.shape[-1]), s, TAG_DV)
+            gk = ex.recv(dk.new_empty(*dk.shape[:2], len(rows), dk.shape[-1]), s, TAG_DK, GRADS)
+            gv = ex.recv(dv.new_empty(*dv.shape[:2], len(rows), dv.shape[-1]), s, TAG_DV, GRADS)
             back.append((rows, gk, gv))
     ex.post().wait()
     for rows, gk, gv in back:

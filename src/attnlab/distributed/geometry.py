@@ -69,17 +69,28 @@ class Geometry:
             return PARTIAL
         return int(cc[qp.chunk, kp.chunk])
 
+    @cached_property
+    def intervals(self):
+        """(lo, hi) int32 (Bm, Hm, L) per-row key intervals of the mask, or None (no mask, a
+        mask that has none, or one that is not interval-shaped). O(L)."""
+        fn = getattr(self.mask, "intervals", None)
+        return None if fn is None else fn(self.L, self.S)
+
     # -- key needs: what a rank receives ---------------------------------------------------------
     @cached_property
     def key_block(self) -> int:
-        """Keys per block of transfer planning: 1 (exact) up to MAX_KEY_BLOCKS blocks, else the
-        largest divisor of the chunk that keeps the block count near that bound (so blocks
-        never straddle two ranks' chunks)."""
+        """Keys per block of transfer planning: 1 (exact) up to MAX_KEY_BLOCKS blocks, else about
+        S / MAX_KEY_BLOCKS: the largest divisor of the chunk up to that (so blocks never straddle
+        two ranks' chunks) when one is at least half of it, else that size itself (a block may
+        then straddle a chunk border: its keys go to every rank that needs any key of it)."""
         target = math.ceil(self.S / MAX_KEY_BLOCKS)
         if target <= 1 or self.layout == "striped":
             return max(1, target)
         c = self.k.chunk
-        return max(d for d in range(1, min(c, target) + 1) if c % d == 0)
+        if c <= target:
+            return c
+        d = next(d for d in range(target, 0, -1) if c % d == 0)
+        return d if 2 * d >= target else target
 
     @cached_property
     def need_blocks(self) -> torch.Tensor:
@@ -116,12 +127,7 @@ class Geometry:
         t = m.tiles(L, S, bq, bk).flatten(0, 1)  # (Bm·Hm, nQ, nK)
         full, live = (t == FULL).any(0), (t != EMPTY).any(0)  # (nQ, nK)
         partial = live & ~full
-        owner = torch.empty(L, dtype=torch.int64)  # the rank of each query position
-        for r in range(P):
-            owner[self.q.positions(r)] = r
-        # (P, nQ): 1 where rank r has a row in tile i
-        has = torch.zeros(P, full.shape[0], dtype=torch.float32)
-        has[owner, torch.arange(L) // bq] = 1.0
+        has = self._ranks_in_tiles(bq, full.shape[0])  # (P, nQ): 1 where rank r has a row
         exact = int(partial.sum()) * bq * bk * m.batch_size * m.heads <= EXACT_BUDGET
         by_tile = (has @ (full if exact else live).float()) > 0  # (P, nQ) @ (nQ, nK)
         need = by_tile.repeat_interleave(bk // kb, dim=1)[:, :nkb].clone()  # (P, nKb)
@@ -133,10 +139,28 @@ class Geometry:
             cols = torch.cat([torch.arange(j * bk, min((j + 1) * bk, S))
                               for j in torch.nonzero(partial[i]).flatten().tolist()])
             allowed = m.block(rows, cols, L, S).flatten(0, 1).any(0)  # (rows, cols)
-            mine = (owner[rows][None, :] == torch.arange(P)[:, None]).float()  # (P, rows)
+            mine = (self.q.owner_of(rows)[None, :] == torch.arange(P)[:, None]).float()  # (P, rows)
             # (P, rows) @ (rows, cols) -> (P, cols): rank r has a row that may attend the key
             hits.index_add_(1, cols // kb, mine @ allowed.float())
         return need | (hits > 0)
+
+    def _ranks_in_tiles(self, bq: int, nq: int) -> torch.Tensor:
+        """float32 (P, nq): 1 where rank r holds a query row of tile i (rows i·bq ... ), by
+        arithmetic on the layout (no per-position structure)."""
+        P, sh = self.world, self.q
+        has = torch.zeros(P, nq, dtype=torch.float32)
+        if self.layout == "striped":  # tile i holds positions i·bq .. : ranks (i·bq + j) mod P
+            lo = torch.arange(nq, dtype=torch.int64) * bq
+            n = torch.clamp(self.L - lo, max=bq)  # rows in each tile
+            for j in range(min(bq, P)):  # the j-th row of a tile, where there is one
+                has[(lo + j) % P, torch.arange(nq)] += (n > j).float()
+            return (has > 0).float()
+        for r in range(P):
+            for ch in sh.chunks_of(r):
+                a, b = ch * sh.chunk, min(self.L, (ch + 1) * sh.chunk)
+                if b > a:
+                    has[r, a // bq:(b - 1) // bq + 1] = 1.0
+        return has
 
     def rows_needed(self, r: int, s: int) -> torch.Tensor:
         """int64 local row indices of rank s's keys that rank r needs."""
@@ -162,15 +186,19 @@ class Geometry:
     @cached_property
     def counts(self) -> list[list[int]]:
         """counts[r][s]: how many of rank s's keys rank r needs (r == s included)."""
-        P, bk = self.world, self.key_block
-        owner = torch.empty(self.S, dtype=torch.int64)
-        for s in range(P):
-            owner[self.k.positions(s)] = s
+        return self.count_matrix.tolist()
+
+    @cached_property
+    def count_matrix(self) -> torch.Tensor:
+        """int64 (P, P): `counts` as a tensor."""
         nkb = self.need_blocks.shape[1]
-        per_block = torch.zeros(nkb, P, dtype=torch.int64)  # keys of each owner in each block
-        per_block.index_put_((torch.arange(self.S) // bk, owner),
-                             torch.ones(self.S, dtype=torch.int64), accumulate=True)
-        return (self.need_blocks.long() @ per_block).tolist()  # (P, nKb) @ (nKb, P) -> (P, P)
+        per_block = self._keys_per_block(nkb)  # (nKb, P): keys of each owner in each block
+        # (P, nKb) @ (nKb, P) -> (P, P), in float64 (exact below 2^53 keys; BLAS, not int64)
+        return (self.need_blocks.double() @ per_block.double()).round().long()
+
+    def _keys_per_block(self, nkb: int) -> torch.Tensor:
+        """int64 (nKb, P): how many keys of rank s key block b holds."""
+        return keys_per_block(self.k, self.key_block, self.S, nkb)
 
     def count_needed(self, r: int, s: int) -> int:
         return self.counts[r][s]
@@ -178,8 +206,10 @@ class Geometry:
     @cached_property
     def all_need_all(self) -> bool:
         """Every rank needs every key of every other rank: a plain all-gather is the exchange."""
-        return all(self.counts[r][s] == self.k.size(s)
-                   for r in range(self.world) for s in range(self.world) if r != s)
+        P = self.world
+        sizes = torch.tensor([self.k.size(s) for s in range(P)], dtype=torch.int64)
+        off = ~torch.eye(P, dtype=torch.bool)
+        return bool((self.count_matrix == sizes[None, :])[off].all())
 
     def peers(self, r: int) -> tuple[list[int], list[int]]:
         """(ranks that need some of r's keys, ranks r needs some keys of), r itself excluded."""
@@ -221,4 +251,24 @@ def _reduce_classes(t: torch.Tensor) -> torch.Tensor:
     out = torch.full(flat.shape[1:], PARTIAL, dtype=torch.int8)
     out[(flat == EMPTY).all(0)] = EMPTY
     out[(flat == FULL).all(0)] = FULL
+    return out
+
+
+def keys_per_block(k, bk: int, S: int, nkb: int) -> torch.Tensor:
+    """int64 (nKb, P): how many keys of rank s key block b of size `bk` holds under sharding `k`,
+    by arithmetic (blocks of contiguous/zigzag layouts lie inside one chunk; striped blocks hold
+    keys of every rank)."""
+    P = k.world
+    lo = torch.arange(nkb, dtype=torch.int64) * bk
+    hi = torch.clamp(lo + bk, max=S)  # (nKb,)
+    if k.layout == "striped":  # #{i in [lo, hi): i ≡ s mod P} for each s
+        s = torch.arange(P, dtype=torch.int64)
+        return (torch.div(hi[:, None] - 1 - s + P, P, rounding_mode="floor")
+                - torch.div(lo[:, None] - 1 - s + P, P, rounding_mode="floor"))
+    c = k.chunk  # >= bk: a block meets at most two chunks, split at the border
+    mid = torch.clamp((lo // c + 1) * c, max=hi)  # (nKb,): the first chunk's end
+    out = torch.zeros(nkb, P, dtype=torch.int64)
+    idx = torch.arange(nkb)
+    out.index_put_((idx, k.owner_of(lo)), mid - lo, accumulate=True)
+    out.index_put_((idx, k.owner_of(torch.clamp(mid, max=S - 1))), hi - mid, accumulate=True)
     return out

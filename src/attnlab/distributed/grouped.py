@@ -15,7 +15,7 @@ from functools import cached_property
 
 import torch
 
-from attnlab.distributed.geometry import Geometry
+from attnlab.distributed.geometry import Geometry, keys_per_block
 from attnlab.distributed.layouts import Piece, Sharding
 
 
@@ -45,6 +45,10 @@ class GroupedSharding:
     @property
     def n_max(self) -> int:
         return self.U * self.base.n_max
+
+    def owner_of(self, pos: torch.Tensor) -> torch.Tensor:
+        """int64 group holding each global position in `pos`."""
+        return self.base.owner_of(pos) // self.U
 
     def members(self, g: int) -> range:
         return range(g * self.U, (g + 1) * self.U)
@@ -89,3 +93,8 @@ class GroupedGeometry(Geometry):
     @cached_property
     def k(self) -> GroupedSharding:
         return GroupedSharding(Sharding(self.S, self.layout, self.world * self.U), self.U)
+
+    def _keys_per_block(self, nkb: int) -> torch.Tensor:
+        """int64 (nKb, R): a group holds its members' keys of each block."""
+        per_rank = keys_per_block(self.k.base, self.key_block, self.S, nkb)  # (nKb, R·U)
+        return per_rank.view(nkb, self.world, self.U).sum(-1)

@@ -75,7 +75,20 @@ class Sharding:
         return out
 
     def size(self, rank: int) -> int:
-        return sum(p.length for p in self.pieces(rank))
+        """Rows of `rank`'s shard, by arithmetic (no positions built)."""
+        if self.layout == "striped":
+            return len(range(rank, self.n, self.world))
+        return sum(max(0, min(self.n, (ch + 1) * self.chunk) - ch * self.chunk)
+                   for ch in self.chunks_of(rank))
+
+    def owner_of(self, pos: torch.Tensor) -> torch.Tensor:
+        """int64 rank holding each global position in `pos`, by arithmetic."""
+        if self.layout == "striped":
+            return pos % self.world
+        ch = pos // self.chunk
+        if self.layout == "zigzag":
+            return torch.where(ch < self.world, ch, 2 * self.world - 1 - ch)
+        return ch
 
     def positions(self, rank: int) -> torch.Tensor:
         ps = self.pieces(rank)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.distributed import attend
+from attnlab.distributed import attend, comm
 from attnlab.distributed.attend import Call
 from attnlab.distributed.comm import Exchange
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 11, 12, 13, 14
+ROWS, GRADS = "key/value rows", "key/value gradients"  # what a peer waits for
 
 
 def _steps(c: Call) -> list[int]:
@@ -41,13 +42,13 @@ def _fetch(c: Call, t: int, k, v, phase: str):
     rows = g.rows_needed(dst, r).to(k.device)
     if len(rows):  # (B, Hkv, m, D) -> dst: the m keys its queries may attend
         whole = len(rows) == k.shape[2]
-        ex.send(k if whole else k.index_select(2, rows), dst, TAG_K)
-        ex.send(v if whole else v.index_select(2, rows), dst, TAG_V)
+        ex.send(k if whole else k.index_select(2, rows), dst, TAG_K, ROWS)
+        ex.send(v if whole else v.index_select(2, rows), dst, TAG_V, ROWS)
     m = g.count_needed(r, src)
     kb = vb = None
     if m:  # (B, Hkv, m, D) <- src: the m keys of src my queries may attend
-        kb = ex.recv(k.new_empty(*k.shape[:2], m, k.shape[-1]), src, TAG_K)
-        vb = ex.recv(v.new_empty(*v.shape[:2], m, v.shape[-1]), src, TAG_V)
+        kb = ex.recv(k.new_empty(*k.shape[:2], m, k.shape[-1]), src, TAG_K, ROWS)
+        vb = ex.recv(v.new_empty(*v.shape[:2], m, v.shape[-1]), src, TAG_V, ROWS)
     return ex.post(), kb, vb, g.received_pieces(r, src)
 
 
@@ -58,13 +59,14 @@ def _return(c: Call, t: int, dk_b, dv_b, like_k, like_v):
     src, dst = (r - t) % P, (r + t) % P
     ex = Exchange(c.group, "backward")
     if dk_b is not None:  # (B, Hkv, m, D) fp32 -> owner: grads of the keys it sent me
-        ex.send(dk_b, src, TAG_DK)
-        ex.send(dv_b, src, TAG_DV)
+        ex.send(dk_b, src, TAG_DK, GRADS)
+        ex.send(dv_b, src, TAG_DV, GRADS)
     rows = g.rows_needed(dst, r).to(like_k.device)
     gk = gv = None
     if len(rows):  # (B, Hkv, m, D) fp32 <- dst: grads of the keys I sent it
-        gk = ex.recv(like_k.new_empty(*like_k.shape[:2], len(rows), like_k.shape[-1]), dst, TAG_DK)
-        gv = ex.recv(like_v.new_empty(*like_v.shape[:2], len(rows), like_v.shape[-1]), dst, TAG_DV)
+        m = len(rows)
+        gk = ex.recv(like_k.new_empty(*like_k.shape[:2], m, like_k.shape[-1]), dst, TAG_DK, GRADS)
+        gv = ex.recv(like_v.new_empty(*like_v.shape[:2], m, like_v.shape[-1]), dst, TAG_DV, GRADS)
     return ex.post(), rows, gk, gv
 
 
@@ -80,38 +82,48 @@ def _absorb(pending, dk, dv) -> None:
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c: Call):
-        Dv = v.shape[-1]
-        q_acc = q.to(c.acc)
-        state = attend.start_state(c, q, Dv)
-        steps = _steps(c)
-        nxt = _fetch(c, steps[0], k, v, "forward") if steps else None
-        attend.forward_block(c, state, q_acc, k, v, c.geom.k.pieces(c.rank))
-        for i in range(len(steps)):
-            ex, kb, vb, pieces = nxt
-            ex.wait()
-            nxt = _fetch(c, steps[i + 1], k, v, "forward") if i + 1 < len(steps) else None
-            if kb is not None:  # computed while step i + 1's transfers travel
-                attend.forward_block(c, state, q_acc, kb, vb, pieces)
-        return attend.finish_forward(ctx, c, state, q, k, v)
+        with comm.during(c.call_no, "forward"):
+            return _forward(ctx, q, k, v, c)
 
     @staticmethod
     def backward(ctx, dout, dlse):
         c, q, k, v, saved, dq = attend.start_backward(ctx, dout, dlse)
-        steps = _steps(c)
-        nxt = _fetch(c, steps[0], k, v, "backward") if steps else None
-        # (B, Hkv, S_local, D|Dv) in the accumulation dtype: this rank's own keys' gradients
-        dk, dv = attend.backward_block(c, saved, dq, k, v, c.geom.k.pieces(c.rank))
-        pending = None
-        for i, t in enumerate(steps):
-            ex, kb, vb, pieces = nxt
-            ex.wait()
-            nxt = _fetch(c, steps[i + 1], k, v, "backward") if i + 1 < len(steps) else None
-            dk_b = dv_b = None
-            if kb is not None:  # (B, Hkv, m, D|Dv) partials of rank (r − t)'s keys
-                dk_b, dv_b = attend.backward_block(c, saved, dq, kb, vb, pieces)
-            if pending is not None:
-                _absorb(pending, dk, dv)
-            pending = _return(c, t, dk_b, dv_b, dk, dv)  # travels while step t + 1 computes
+        with comm.during(c.call_no, "backward"):
+            return _backward(ctx, c, q, k, v, saved, dq)
+
+
+def _forward(ctx, q, k, v, c: Call):
+    Dv = v.shape[-1]
+    q_acc = q.to(c.acc)
+    state = attend.start_state(c, q, Dv)
+    steps = _steps(c)
+    nxt = _fetch(c, steps[0], k, v, "forward") if steps else None
+    attend.forward_block(c, state, q_acc, k, v, c.geom.k.pieces(c.rank))
+    for i in range(len(steps)):
+        ex, kb, vb, pieces = nxt
+        ex.wait()
+        nxt = _fetch(c, steps[i + 1], k, v, "forward") if i + 1 < len(steps) else None
+        if kb is not None:  # computed while step i + 1's transfers travel
+            attend.forward_block(c, state, q_acc, kb, vb, pieces)
+    return attend.finish_forward(ctx, c, state, q, k, v)
+
+
+def _backward(ctx, c: Call, q, k, v, saved, dq):
+    steps = _steps(c)
+    nxt = _fetch(c, steps[0], k, v, "backward") if steps else None
+    # (B, Hkv, S_local, D|Dv) in the accumulation dtype: this rank's own keys' gradients
+    dk, dv = attend.backward_block(c, saved, dq, k, v, c.geom.k.pieces(c.rank))
+    pending = None
+    for i, t in enumerate(steps):
+        ex, kb, vb, pieces = nxt
+        ex.wait()
+        nxt = _fetch(c, steps[i + 1], k, v, "backward") if i + 1 < len(steps) else None
+        dk_b = dv_b = None
+        if kb is not None:  # (B, Hkv, m, D|Dv) partials of rank (r − t)'s keys
+            dk_b, dv_b = attend.backward_block(c, saved, dq, kb, vb, pieces)
         if pending is not None:
             _absorb(pending, dk, dv)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        pending = _return(c, t, dk_b, dv_b, dk, dv)  # travels while step t + 1 computes
+    if pending is not None:
+        _absorb(pending, dk, dv)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None

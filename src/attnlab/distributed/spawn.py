@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import socket
 import tempfile
@@ -85,12 +86,36 @@ def _last_line(tb: str) -> str:
     return tb.strip().splitlines()[-1]
 
 
-def _failure(world: int, errors: dict[int, dict], deaths: dict[int, int]) -> SpawnError:
-    """The first failure: a rank that died (the others then lose their peer), else the rank that
-    raised first; the others' failures in one line each."""
+def _silent(world: int, errors: dict[int, dict], returned) -> tuple[int, str] | None:
+    """(rank, headline) when a rank returned while another still waited for it: the error of
+    attnlab's communication names the peer it waited for and what that peer was to run."""
+    if not returned:
+        return None
+    for r in sorted(errors, key=lambda k: (errors[k]["at"], k)):
+        last = _last_line(errors[r]["error"])
+        m = re.search(r"\brank (\d+) did not run (the .+? call \d+)", last)
+        if m and int(m[1]) in returned:
+            s = int(m[1])
+            return s, (f"rank {s} of {world} returned without running {m[2]}, which rank {r} "
+                       f"waited for")
+        if "did not run" in last:  # a collective: every rank that returned is a suspect
+            s = min(returned)
+            return s, (f"rank {s} of {world} returned while rank {r} still waited for it in a "
+                       f"collective")
+    return None
+
+
+def _failure(world: int, errors: dict[int, dict], deaths: dict[int, int],
+             returned=()) -> SpawnError:
+    """The first failure: a rank that died (the others then lose their peer), a rank that returned
+    while another waited for it, else the rank that raised first; the others' failures in one
+    line each."""
+    silent = None if deaths else _silent(world, errors, returned)
     if deaths:
         r = min(deaths)
         msg = f"rank {r} of {world} {_exit_reason(deaths[r])}"
+    elif silent is not None:
+        r, msg = silent
     else:
         r = min(errors, key=lambda k: (errors[k]["at"], k))
         msg = f"rank {r} of {world} failed: {_last_line(errors[r]['error'])}"
@@ -100,6 +125,9 @@ def _failure(world: int, errors: dict[int, dict], deaths: dict[int, int]) -> Spa
         msg += "\n(then " + "; ".join(also) + ")"
     if r in errors:
         msg += "\n\n" + errors[r]["error"]
+    elif errors:  # the waiting rank's traceback
+        first = min(errors, key=lambda k: (errors[k]["at"], k))
+        msg += f"\n\nrank {first}:\n" + errors[first]["error"]
     return SpawnError(msg, rank=r)
 
 
@@ -125,7 +153,7 @@ def _collect(procs, out_dir: str, world: int, timeout_s: float) -> list:
             else:
                 results[r] = res["ok"]
         if errors or deaths:
-            raise _failure(world, errors, deaths)
+            raise _failure(world, errors, deaths, set(results))
         if len(results) < world:
             if time.monotonic() > deadline:
                 left = [r for r in range(world) if r not in results]

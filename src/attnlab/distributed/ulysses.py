@@ -92,7 +92,8 @@ def seq_to_heads(x, c: Call, phase: str):
                          for p in parts], (P, B, H // P, n))  # (P, B, H/P, n, D)
     D = send.shape[-1]
     recv = torch.empty_like(send)  # (P, B, H/P, n, D): [j] = rank j's tokens of my heads
-    comm.all_to_all(recv.view(-1), send.view(-1), c.group, phase)  # B·H·n·D·bytes·(P−1)/P
+    with comm.during(c.call_no, phase):
+        comm.all_to_all(recv.view(-1), send.view(-1), c.group, phase)  # B·H·n·D·bytes·(P−1)/P
     return recv.permute(1, 2, 0, 3, 4).reshape(B, H // P, P * n, D)  # -> (B, H/P, P·n, D)
 
 
@@ -107,7 +108,8 @@ def heads_to_seq(y, c: Call, phase: str):
                          for p in parts], (P, B, Hp, n))  # (P, B, H/P, n, X)
     X = send.shape[-1]
     recv = torch.empty_like(send)  # (P, B, H/P, n, X): [j] = my tokens of rank j's heads
-    comm.all_to_all(recv.view(-1), send.view(-1), c.group, phase)  # B·H·n·X·bytes·(P−1)/P
+    with comm.during(c.call_no, phase):
+        comm.all_to_all(recv.view(-1), send.view(-1), c.group, phase)  # B·H·n·X·bytes·(P−1)/P
     return recv.transpose(0, 1).reshape(B, P * Hp, n, X)  # -> (B, H, n, X)
 
 

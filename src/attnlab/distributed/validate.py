@@ -109,3 +109,29 @@ def check_rows(descs: list[dict], layout: str) -> tuple[int, int]:
                 "attnlab.distributed.shard"
             )
     return sum(d["rows"][0] for d in descs), sum(d["rows"][1] for d in descs)
+
+
+def seq_len_pair(seq_len) -> tuple[int, int] | None:
+    """(L, S) from `seq_len` (an int: L = S; a pair (L, S); None: not given)."""
+    if seq_len is None:
+        return None
+    pair = (seq_len, seq_len) if not isinstance(seq_len, (tuple, list)) else tuple(seq_len)
+    if len(pair) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                             for n in pair):
+        raise AttnlabError(f"seq_len: expected a positive int or a pair (L, S) of them, got "
+                           f"{seq_len!r}")
+    return pair
+
+
+def check_seq_len(seq_len, L: int, S: int, descs: list[dict]) -> None:
+    """Raise when the ranks' shards do not add up to the global length the caller gave."""
+    pair = seq_len_pair(seq_len)
+    if pair is None:
+        return
+    for (name, n), got, want in zip((("query", "L"), ("key", "S")), (L, S), pair):
+        if got != want:
+            rows = [d["rows"][0 if name == "query" else 1] for d in descs]
+            raise AttnlabError(
+                f"seq_len: the ranks' {name} shards add up to {n} = {got} ({rows} rows on ranks "
+                f"0..{len(descs) - 1}), but seq_len gives {n} = {want}: every rank must hold "
+                f"its part of one sequence of that length (attnlab.distributed.shard)")

@@ -170,6 +170,13 @@ class VarlenGeometry(Geometry):
             need[r] = (lim >= j) if self.causal else (lim >= 0)
         return need
 
+    def _keys_per_block(self, nkb: int) -> torch.Tensor:
+        """int64 (S, P): one key per block (key_block 1): 1 where rank s holds key j."""
+        out = torch.zeros(nkb, self.world, dtype=torch.int64)
+        for s in range(self.world):
+            out[self.k.positions(s), s] = 1
+        return out
+
     def work_pairs(self) -> list[float]:
         """Attended (query, key) pairs per rank, exactly: causal, a query at offset o of its
         document attends o + 1 keys; otherwise the whole document."""

@@ -126,14 +126,22 @@ def _segments(name: str, x) -> torch.Tensor:
 
 def _block_ranges(seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     """min and max segment id within each block [lo, hi] of every row of seg (B, N); block ids
-    from searchsorted, so no block size is read back from the device."""
+    from searchsorted, so no block size is read back from the device, and blocks may start
+    anywhere (a context-parallel block's tiles start at its offset)."""
     B, N = seg.shape
-    blk = (torch.searchsorted(lo.contiguous(), torch.arange(N, device=seg.device), right=True)
-           - 1).expand(B, N)  # (B, N): block of each position
+    n = lo.numel()
     big = torch.iinfo(torch.int64).max
-    lo_id = torch.full((B, lo.numel()), big, dtype=seg.dtype, device=seg.device)
-    hi_id = torch.full((B, lo.numel()), -big - 1, dtype=seg.dtype, device=seg.device)
-    return lo_id.scatter_reduce_(1, blk, seg, "amin"), hi_id.scatter_reduce_(1, blk, seg, "amax")
+    lo_id = torch.full((B, n + 1), big, dtype=seg.dtype, device=seg.device)
+    hi_id = torch.full((B, n + 1), -big - 1, dtype=seg.dtype, device=seg.device)
+    if n == 0:
+        return lo_id[:, :0], hi_id[:, :0]
+    pos = torch.arange(N, device=seg.device, dtype=lo.dtype)
+    blk = torch.searchsorted(lo.contiguous(), pos, right=True) - 1  # (N,): block of each position
+    inside = (blk >= 0) & (pos <= hi[blk.clamp(min=0)])
+    blk = torch.where(inside, blk, n).expand(B, N)  # positions in no block go to a spare slot
+    lo_id.scatter_reduce_(1, blk, seg, "amin")
+    hi_id.scatter_reduce_(1, blk, seg, "amax")
+    return lo_id[:, :n], hi_id[:, :n]
 
 
 class Document(Mask):

@@ -5,7 +5,10 @@ windows, documents, prefix-LM, padding and their `&` all give such intervals
 (`Mask.intervals`). The kernel computes only the keys inside each panel's intervals, with
 register-blocked FMA micro-kernels, an online softmax, fused softcap and ALiBi, GQA without
 copies, and a FlashAttention-2 backward (a dK/dV pass and a dQ pass, no atomics); each pass is
-one parallel region over (batch·head, panel) work items, handed out costliest first.
+one shared queue of (batch·head, panel) work items, handed out costliest first to the
+calling thread and its helpers; the call waits for claimed items, never for a late thread.
+The backward adds dQ during the dK/dV pass when there are at least two (batch, kv head)
+items per thread (ATTNLAB_KERNEL_BWD=fused|split forces a schedule).
 
     from attnlab.ops import kernels
     kernels.status()                       # KernelStatus(built, isa, reason, runnable)

@@ -121,7 +121,8 @@ def rows_padded(x: torch.Tensor) -> torch.Tensor:
 
 
 def keys_last(x: torch.Tensor) -> torch.Tensor:
-    """(B, Hkv, S, n) -> float32 (B, Hkv, S16/PAD, n, PAD), S16 = S padded to PAD with zero keys:
+    """(B, Hkv, S, n) -> float32 (B, Hkv, S16/PAD, n, PAD), S16 = S padded to PAD with zero keys
+    (the layout the compiled `keys_last` op makes, ~6x faster; this one is its test oracle):
     Kᵀ in chunks of PAD keys, the keys of one dimension contiguous (csrc/tiles.h: chunked)."""
     B, Hkv, S, n = x.shape
     width = -(-S // PAD) * PAD

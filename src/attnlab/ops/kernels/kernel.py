@@ -3,6 +3,8 @@ Function, and the public functions (exported by `attnlab.ops.kernels`)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from attnlab.ops.kernels import build, gate
@@ -17,13 +19,26 @@ def _ops(isa: str | None):
     return ops
 
 
+#: ATTNLAB_KERNEL_BWD: "fused" (dQ added during the dK/dV pass, one item per key/value head),
+#: "split" (a separate dQ pass over query panels); unset: the kernel picks by items per thread
+BWD_MODES = {"": 0, "fused": 1, "split": 2}
+
+
+def _bwd_mode() -> int:
+    mode = os.environ.get("ATTNLAB_KERNEL_BWD", "").strip().lower()
+    if mode not in BWD_MODES:
+        raise RuntimeError(f"ATTNLAB_KERNEL_BWD: expected fused, split or unset, got {mode!r}")
+    return BWD_MODES[mode]
+
+
 def _fwd(c: Call, q, k, v, isa=None):
     """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)) and the prepared (q, kᵀ, v)."""
     if c.empty:
         out = q.new_zeros(c.B, c.H, c.L, c.Dv)
         return out, q.new_full((c.B, c.H, c.L), float("-inf"), dtype=torch.float32), None
-    qf, kt, vp = gate.dense(q), gate.keys_last(k), gate.rows_padded(v)
-    out, lse = _ops(isa).fwd(qf, kt, vp, c.lo, c.hi, c.slopes, c.scale, c.softcap, c.pos_off,
+    ops = _ops(isa)
+    qf, kt, vp = gate.dense(q), ops.keys_last(gate.dense(k)), gate.rows_padded(v)
+    out, lse = ops.fwd(qf, kt, vp, c.lo, c.hi, c.slopes, c.scale, c.softcap, c.pos_off,
                              c.Dv)
     return out.to(q.dtype), lse, (qf, kt, vp)
 
@@ -32,15 +47,18 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
     """(dq, dk, dv) in q's, k's and v's dtypes; rows with lse -inf get zero gradient."""
     if c.empty:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    qf, kt, vp = prepared or (gate.dense(q), gate.keys_last(k), gate.rows_padded(v))
+    ops = _ops(isa)
+    qf, kt, vp = prepared or (gate.dense(q), ops.keys_last(gate.dense(k)), gate.rows_padded(v))
     go = gate.dense(dout)  # (B, H, L, Dv)
-    delta = (go * out.to(torch.float32)).sum(-1)  # rowsum(dO ∘ O): (B, H, L)
+    # rowsum(dO ∘ O) as a batched dot: (B, H, L, 1, Dv) @ (B, H, L, Dv, 1) -> (B, H, L, 1, 1);
+    # the elementwise product and sum would write an (B, H, L, Dv) temporary (~8x slower)
+    delta = (go.unsqueeze(-2) @ out.to(torch.float32).unsqueeze(-1))[..., 0, 0]
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)
     lse = gate.dense(lse)
-    dq, dk, dv = _ops(isa).bwd(qf, gate.rows_padded(k), kt, vp, gate.keys_last(v), c.lo, c.hi,
-                               c.slopes, lse, delta.contiguous(), go, c.scale, c.softcap,
-                               c.pos_off)
+    vt = ops.keys_last(gate.dense(v))
+    dq, dk, dv = ops.bwd(qf, gate.rows_padded(k), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
+                         delta.contiguous(), go, c.scale, c.softcap, c.pos_off, _bwd_mode())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

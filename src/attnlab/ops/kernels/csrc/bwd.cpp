@@ -67,12 +67,12 @@ void grad_step(const Problem& pr, const Rows& rw, float* Sb, float* dPb, int64_t
     }
     RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f, slope,
                pr.slopes != nullptr, pr.pos_off - (rw.i0 + r), pr.scale};
-    const bool full = lo <= j0 + va * W && j0 + vb * W <= hi;
     const vf l = vset(rw.lse[r]), dl = vset(rw.delta[r]);
     for (int v = va; v < vb; ++v) {
+      const int jv = j0 + v * W;
       vf t = vzero();
-      vf x = modify(vload(s + v * W), md, j0 + v * W, &t);
-      if (!full) x = vmask(x, j0 + v * W, lo, hi);
+      vf x = modify(vload(s + v * W), md, jv, &t);
+      if (jv < lo || jv + W > hi) x = vmask(x, jv, lo, hi);  // only the row's edge vectors
       vf pv = vexp(vsub(x, l));
       vf ds = vmul(pv, vsub(vload(dp + v * W), dl));
       if (md.cap > 0) ds = vmul(ds, vsub(vset(1.0f), vmul(t, t)));  // d tanh
@@ -139,7 +139,8 @@ size_t dkdv_scratch(const Problem& pr) {
 }
 
 void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-               const float* dout, int64_t item, float* dk, float* dv, float* scratch) {
+               const float* dout, int64_t item, float* dk, float* dv, float* dqacc,
+               float* scratch) {
   const int nkp = (pr.S + KP - 1) / KP, ldk = pr.ldk, ldv = pr.ldv, D = pr.D, Dv = pr.Dv;
   const int64_t kv = item / nkp;
   const int b = (int)(kv / pr.Hkv), hk = (int)(kv % pr.Hkv), G = pr.H / pr.Hkv;
@@ -172,16 +173,33 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
         dot_rows(Qs + r0 * ldk, ldk, kt, D, kp0, Pb + r0 * KP, KP, va, vb);     // S
         dot_rows(dOs + r0 * ldv, ldv, vt, Dv, kp0, dSb + r0 * KP, KP, va, vb);  // dP
         grad_step(pr, rw, Pb + r0 * KP, dSb + r0 * KP, KP, kp0, va, vb, ga, gb, r0, slope);
+        if (dqacc) {
+          // dQ[rows] += dS[:, ga:gb] @ K[ga:gb]   (RQ, keys) @ (keys, D) -> (RQ, D)
+          float* acc = dqacc + (((int64_t)b * pr.H + h) * pn.P * BQ + rw.i0 + r0) * ldk;
+          outer_rows(acc, ldk, nullptr, dSb + r0 * KP + (ga - kp0), KP, 1,
+                     pr.k + (kv * pr.S + ga) * ldk, ldk, gb - ga, ldk);
+        }
         ka = std::min(ka, ga);
         kb = std::max(kb, gb);
       }
       if (ka >= kb) continue;
-      const int T = rw.ng * RQ;
       for (int m = (ka - kp0) & ~(RQ - 1); m < kb - kp0; m += RQ) {
+        // only the groups whose keys reach these RQ keys: a window's or a diagonal's edge
+        // panels leave the other rows' P and dS zero
+        int g0 = rw.ng, g1 = 0;
+        for (int g = 0; g < rw.ng; ++g)
+          if (rw.glo[g] < kp0 + m + RQ && rw.ghi[g] > kp0 + m) {
+            g0 = std::min(g0, g);
+            g1 = g + 1;
+          }
+        if (g0 >= g1) continue;
+        const int t0 = g0 * RQ, T = (g1 - g0) * RQ;
         // dV[m..] += P[:, m..]ᵀ @ dO   (keys, rows) @ (rows, Dv) -> (keys, Dv)
-        outer_rows(dV + m * ldv, ldv, nullptr, Pb + m, 1, KP, dOs, ldv, T, ldv);
+        outer_rows(dV + m * ldv, ldv, nullptr, Pb + t0 * KP + m, 1, KP, dOs + t0 * ldv, ldv, T,
+                   ldv);
         // dK[m..] += dS[:, m..]ᵀ @ Q   (keys, rows) @ (rows, D) -> (keys, D); · scale at the end
-        outer_rows(dK + m * ldk, ldk, nullptr, dSb + m, 1, KP, Qs, ldk, T, ldk);
+        outer_rows(dK + m * ldk, ldk, nullptr, dSb + t0 * KP + m, 1, KP, Qs + t0 * ldk, ldk, T,
+                   ldk);
       }
     }
   }

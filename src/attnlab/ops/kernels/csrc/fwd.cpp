@@ -53,11 +53,11 @@ static void softmax_step(const Problem& pr, const RowMods& md0, float* Sb, int j
     }
     RowMods md = md0;
     md.rel0 = pr.pos_off - (i0 + r);
-    const bool full = lo <= j0 + va * W && j0 + vb * W <= hi;
     vf mx = vset(NEG_INF);
     for (int v = va; v < vb; ++v) {
-      vf x = modify(vload(s + v * W), md, j0 + v * W, nullptr);
-      if (!full) x = vmask(x, j0 + v * W, lo, hi);
+      const int jv = j0 + v * W;
+      vf x = modify(vload(s + v * W), md, jv, nullptr);
+      if (jv < lo || jv + W > hi) x = vmask(x, jv, lo, hi);  // only the row's edge vectors
       vstore(s + v * W, x);
       mx = vmax(mx, x);
     }

@@ -56,9 +56,12 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
 size_t dq_scratch(const Problem& pr);
 void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
              const float* dout, int64_t item, float* dq, float* scratch);
-// dK/dV pass: item = (b·Hkv + hk)·nKP + key panel; dk (B, Hkv, S, D), dv (B, Hkv, S, Dv)
+// dK/dV pass: item = (b·Hkv + hk)·nKP + key panel; dk (B, Hkv, S, D), dv (B, Hkv, S, Dv).
+// dqacc (B, H, P·BQ, ldk), or null: dS @ K is also added there, which makes the dQ pass
+// unnecessary; only race-free when one thread runs every key panel of a (b, hk) in turn
 size_t dkdv_scratch(const Problem& pr);
 void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-               const float* dout, int64_t item, float* dk, float* dv, float* scratch);
+               const float* dout, int64_t item, float* dk, float* dv, float* dqacc,
+               float* scratch);
 
 }  // namespace attnlab_k

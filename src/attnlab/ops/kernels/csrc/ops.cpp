@@ -1,17 +1,27 @@
 // The tensor boundary of the interval kernel: checks of the (already prepared) inputs, the outputs,
-// and ONE parallel region per pass in which each thread takes the next work item, costliest
-// first. Registered as torch ops in the namespace ATTNLAB_NS (one per ISA build).
+// and per pass one set of threads in which each takes the next work item, costliest first.
+// Registered as torch ops in the namespace ATTNLAB_NS (one per ISA build).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <tuple>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "interval.h"
 
@@ -81,6 +91,30 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   return pr;
 }
 
+// at::empty, with the 2 MiB-aligned inside of a large result advised to transparent huge pages
+// before anything touches it: the first touch of fresh memory costs a page fault per 4 KiB
+// (32 MiB: ~12 ms, more than a tenth of a forward at 16k); huge pages take ~2.5 ms. Advice
+// only: where the kernel ignores it nothing changes
+Tensor empty_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  Tensor t = at::empty(sizes, opts);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t HP = uintptr_t(2) << 20;
+  const size_t bytes = t.numel() * t.element_size();
+  if (bytes >= 4 * HP) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const uintptr_t a = (p + HP - 1) & ~(HP - 1), e = (p + bytes) & ~(HP - 1);
+    if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+  }
+#endif
+  return t;
+}
+
+Tensor zeros_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  Tensor t = empty_big(sizes, opts);
+  std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
+  return t;
+}
+
 // items in order of decreasing cost, so the last ones to start are short (dynamic balance)
 std::vector<int64_t> by_cost(const std::vector<double>& cost) {
   std::vector<int64_t> order(cost.size());
@@ -90,21 +124,40 @@ std::vector<int64_t> by_cost(const std::vector<double>& cost) {
   return order;
 }
 
-// one parallel region: every thread pulls the next item from a shared counter until none is left,
-// so a thread the OS preempts holds up at most one item
+// one call's work items, shared with helper tasks that may start after the call has returned
+struct Queue {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t n = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+// every thread pulls the next item from a shared counter until none is left, so a thread the OS
+// preempts holds up at most one item. The caller works too and then waits only for the items
+// claimed, never for a thread: a helper the OS starts late (a busy machine) finds the queue empty
+// and returns without the caller ever waiting for it (a parallel region's join would)
 template <class F>
 void run_items(const std::vector<int64_t>& order, size_t scratch, F f) {
   const int64_t n = order.size();
-  std::atomic<int64_t> next{0};
-  auto work = [&](int64_t, int64_t) {
-    std::vector<float> buf(scratch + 16);
-    for (int64_t i; (i = next.fetch_add(1)) < n;) f(order[i], buf.data());
-  };
   const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
-  if (T <= 1)
-    work(0, 1);
-  else
-    at::parallel_for(0, T, 1, work);
+  auto qu = std::make_shared<Queue>();
+  qu->n = n;
+  // order and f are touched only for a claimed item, and the caller outlives every claimed item
+  auto pull = [qu, &order, &f, scratch]() {
+    if (qu->next.load() >= qu->n) return;
+    std::vector<float> buf(scratch + 16);
+    for (int64_t i; (i = qu->next.fetch_add(1)) < qu->n;) {
+      f(order[i], buf.data());
+      if (qu->done.fetch_add(1) + 1 == qu->n) {
+        std::lock_guard<std::mutex> g(qu->mu);
+        qu->cv.notify_all();
+      }
+    }
+  };
+  for (int64_t t = 1; t < T; ++t) at::launch(pull);
+  pull();
+  std::unique_lock<std::mutex> lk(qu->mu);
+  qu->cv.wait(lk, [&] { return qu->done.load() >= n; });
 }
 
 std::vector<double> query_costs(const Problem& pr, const Panels& pn) {
@@ -124,7 +177,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& 
                                const std::optional<Tensor>& slopes, double scale, double softcap,
                                int64_t pos_off, int64_t Dv) {
   const Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
-  Tensor out = at::empty({pr.B, pr.H, pr.L, pr.Dv}, q.options());
+  Tensor out = empty_big({pr.B, pr.H, pr.L, pr.Dv}, q.options());
   Tensor lse = at::empty({pr.B, pr.H, pr.L}, q.options());
   const Panels pn = make_panels(pr);
   float* o = out.data_ptr<float>();
@@ -138,7 +191,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
                                        const Tensor& v, const Tensor& vt, const Tensor& lo,
                                        const Tensor& hi, const std::optional<Tensor>& slopes,
                                        const Tensor& lse, const Tensor& delta, const Tensor& dout,
-                                       double scale, double softcap, int64_t pos_off) {
+                                       double scale, double softcap, int64_t pos_off,
+                                       int64_t mode) {
   const int64_t Dv = dout.size(3);
   Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
   expect(k, "k", 4);
@@ -175,13 +229,63 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
           kcost[((int64_t)b * pr.Hkv + h / G) * nkp + kp] += (double)pn.live[at] * w;
         }
       }
+  // mode 1 (fused): one item per (b, hk) runs its key panels in turn and adds dS @ K into a
+  // dQ accumulator its own, so S and dP are computed once (5 products, not 7); it needs enough
+  // (b, hk) items to keep the threads busy. mode 2 (split): a dQ pass after the dK/dV pass.
+  // mode 0 picks fused for one thread or at least two items per thread.
+  const int64_t T = at::get_num_threads(), nkv = (int64_t)pr.B * pr.Hkv;
+  if (mode == 1 || (mode == 0 && (T == 1 || nkv >= 2 * T))) {
+    const int64_t Lp = (int64_t)pn.P * BQ, ldk = pr.ldk;
+    Tensor acc = at::zeros({pr.B, pr.H, Lp, ldk}, q.options());  // (B, H, P·BQ, ldk)
+    float* pa = acc.data_ptr<float>();
+    std::vector<double> hcost(nkv, 0.0);
+    for (int64_t i = 0; i < (int64_t)kcost.size(); ++i) hcost[i / nkp] += kcost[i];
+    run_items(by_cost(hcost), dkdv_scratch(pr), [&](int64_t kv, float* buf) {
+      for (int kp = 0; kp < nkp; ++kp)  // a panel no row attends still writes its zeros
+        dkdv_item(pr, pn, pl, pd, pg, kv * nkp + kp, odk, odv, pa, buf);
+      const int64_t b = kv / pr.Hkv, hk = kv % pr.Hkv;
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {  // dQ = acc · scale
+        const float* a = pa + (b * pr.H + h) * Lp * ldk;
+        float* o = odq + (b * pr.H + h) * pr.L * pr.D;
+        for (int64_t i = 0; i < pr.L; ++i)
+          for (int d = 0; d < pr.D; ++d) o[i * pr.D + d] = a[i * ldk + d] * pr.scale;
+      }
+    });
+    return {dq, dk, dv};
+  }
   run_items(by_cost(kcost), dkdv_scratch(pr), [&](int64_t item, float* buf) {
-    dkdv_item(pr, pn, pl, pd, pg, item, odk, odv, buf);
+    dkdv_item(pr, pn, pl, pd, pg, item, odk, odv, nullptr, buf);
   });
   run_items(by_cost(query_costs(pr, pn)), dq_scratch(pr), [&](int64_t item, float* buf) {
     dq_item(pr, pn, pl, pd, pg, item, odq, buf);
   });
   return {dq, dk, dv};
+}
+
+// (B, Hkv, S, n) -> (B, Hkv, S16/PAD, n, PAD): Kᵀ in chunks of PAD keys, zero keys past S
+// (tiles.h: chunked). A plain loop: PyTorch's strided copy of the same runs ~6x slower.
+Tensor keys_last(const Tensor& x) {
+  expect(x, "x", 4);
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
+  const int64_t BH = x.size(0) * x.size(1), S = x.size(2), n = x.size(3);
+  const int64_t nc = (S + PAD - 1) / PAD;
+  Tensor out = empty_big({x.size(0), x.size(1), nc, n, PAD}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t c = 0; c < nc; ++c) {
+      const float* xs = src + (bh * S + c * PAD) * n;  // PAD rows of n
+      float* o = dst + (bh * nc + c) * n * PAD;        // (n, PAD)
+      const int64_t rows = std::min<int64_t>(PAD, S - c * PAD);
+      if (rows == PAD) {
+        for (int64_t d = 0; d < n; ++d)
+          for (int t = 0; t < PAD; ++t) o[d * PAD + t] = xs[t * n + d];
+      } else {
+        for (int64_t d = 0; d < n; ++d)
+          for (int t = 0; t < PAD; ++t) o[d * PAD + t] = t < rows ? xs[t * n + d] : 0.0f;
+      }
+    }
+  return out;
 }
 
 int64_t simd_width() { return lanes(); }
@@ -194,6 +298,7 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "float softcap, int pos_off, int Dv) -> (Tensor, Tensor)", &fwd);
   m.def("bwd(Tensor q, Tensor k, Tensor kt, Tensor v, Tensor vt, Tensor lo, Tensor hi, "
         "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
-        "int pos_off) -> (Tensor, Tensor, Tensor)", &bwd);
+        "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
+  m.def("keys_last(Tensor x) -> Tensor", &keys_last);
   m.def("simd_width() -> int", &simd_width);
 }

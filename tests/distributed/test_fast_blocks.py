@@ -1,0 +1,91 @@
+"""Blocks on the single-process path: a block of two runs of consecutive positions hands the op
+the global mask seen from the block (`BlockOf`), so no dense host mask is built for it; the plan
+of a call signature is made once per process."""
+
+import pytest
+import torch
+
+import attnlab
+import attnlab.distributed as cp
+from attnlab import masks
+from attnlab.distributed import api
+from attnlab.distributed.blockmask import BlockOf
+
+from helpers import assert_close
+
+
+def _qkv(L, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, L, 16, generator=g, dtype=torch.float64).requires_grad_()
+            for _ in range(3)]
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("kind", ["window", "document", "not_window"])
+def test_blocks_build_no_dense_mask(kind, layout, monkeypatch):
+    L = 300
+    m = {"window": masks.sliding_window(37), "document": masks.document(torch.arange(L) // 70),
+         "not_window": ~masks.sliding_window(250)}[kind]
+
+    def refuse(*a, **k):
+        raise AssertionError("a dense block of the global mask was built")
+
+    q, k, v = _qkv(L)
+    ref = attnlab.attention(q, k, v, mask=m, backend="math")
+    ref_g = torch.autograd.grad(ref.sum(), (q, k, v))
+    monkeypatch.setattr(m, "block", refuse)
+    out = cp.context_parallel_attention(q, k, v, mask=m, layout=layout, strategy="ring")
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(grads, ref_g):
+        assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_block_of_is_the_global_mask_shifted():
+    L, S = 97, 113
+    m = masks.sliding_window(9) | masks.prefix_lm(5)
+    b = BlockOf(~masks.sliding_window(9), 30, 20, L, S)
+    dense = (~masks.sliding_window(9)).to_dense(L, S)
+    assert torch.equal(b.to_dense(40, 50), dense[..., 30:70, 20:70])
+    t = b.tiles(40, 50, 8, 8)
+    full = b.to_dense(40, 50)[0, 0]
+    for i in range(t.shape[2]):
+        for j in range(t.shape[3]):
+            tile = full[8 * i:8 * i + 8, 8 * j:8 * j + 8]
+            want = 2 if bool(tile.all()) else 0 if not bool(tile.any()) else 1
+            assert int(t[0, 0, i, j]) == want
+    assert repr(BlockOf(m, 1, 2, L, S)).startswith("BlockOf(")
+
+
+def test_a_call_signature_plans_once(monkeypatch):
+    made = []
+    real = api.Geometry
+
+    def counting(*a, **k):
+        made.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(api, "Geometry", counting)
+    api._PLANS.clear()
+    q, k, v = _qkv(64)
+    for _ in range(3):
+        cp.context_parallel_attention(q, k, v, is_causal=True)
+    assert len(made) == 1
+    cp.context_parallel_attention(q, k, v, mask=masks.document(torch.arange(64) // 20))
+    cp.context_parallel_attention(q, k, v, mask=masks.document(torch.arange(64) // 21))
+    cp.context_parallel_attention(q, k, v, mask=masks.document(torch.arange(64) // 20))
+    assert len(made) == 3  # the ids differ: two plans; the third call reuses the first
+
+
+@pytest.mark.parametrize("q0, k0", [(150, 100), (0, 0), (250, 280)])
+def test_block_intervals_are_the_global_rows_shifted(q0, k0):
+    """An interval-shaped block reaches the interval kernel with the right per-row intervals."""
+    m = masks.sliding_window(37) & masks.document(torch.arange(300) // 70)
+    b = BlockOf(m, q0, k0, 300, 300)
+    Lb, Sb = min(100, 300 - q0), min(120, 300 - k0)
+    lo, hi = b.intervals(Lb, Sb)
+    cols = torch.arange(Sb)
+    want = b.to_dense(Lb, Sb)[0, 0]
+    got = (cols[None, :] >= lo[0, 0, :, None]) & (cols[None, :] < hi[0, 0, :, None])
+    assert torch.equal(got, want)
+    assert BlockOf(~masks.sliding_window(9), q0, k0, 300, 300).intervals(Lb, Sb) is None
