@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup kernel kernel-all demo test lint clean chromium mutate gpu-check
+.PHONY: setup kernel kernel-all demo test lint docs clean chromium mutate gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,17 +25,22 @@ demo: kernel
 	$(BIN)/attnlab explain "The cat sat on the mat because it was tired." --token it
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/hooks
+
+# the documentation site, offline, in build/site; --strict: a broken link or reference fails.
+# The CLI reference and the command outputs on the Learn pages are generated while it builds.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # the browser tests drive Debian's chromium: installed here when missing and we are root
 chromium:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
 
-test: lint chromium kernel-all
+test: lint docs chromium kernel-all
 	$(BIN)/pytest
 
-# mutation testing, not part of `make test`: per-module kill rates (README, "Correctness").
+# mutation testing, not part of `make test`: per-module kill rates (docs/reliability.md, "Mutation testing").
 # MUTATE_ARGS passes options on, e.g. MUTATE_ARGS="ops --sample 10 --budget 40"
 MUTATE_ARGS ?=
 mutate: setup
@@ -49,4 +54,4 @@ gpu-check: setup
 	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) build mutants *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build mutants .cache *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -49,6 +49,11 @@ class AttentionCall:
     softcap: float | None = None
     cross: bool = False
 
+    def __repr__(self) -> str:  # the tensors would print in full
+        return (f"AttentionCall(layer={self.layer}, query {fmt_shape(self.query.shape)}, "
+                f"key {fmt_shape(self.key.shape)}, value {fmt_shape(self.value.shape)}, "
+                f"scale={self.scale:.4g}, causal={self.causal}, cross={self.cross})")
+
 
 def _numpy(x) -> np.ndarray:
     """A tensor or array as a float64 (or bool) NumPy array on the CPU."""
@@ -102,6 +107,14 @@ class ModelAttention:
     def layer_mask(self, layer: int) -> np.ndarray:
         """(L, S) bool: what `layer` let query i attend (True = may attend)."""
         return self.mask if self.layer_masks is None else self.layer_masks[layer]
+
+    def __repr__(self) -> str:  # the arrays would print 100k characters
+        parts = [f"{self.model_name!r}", f"{len(self.tokens)} tokens",
+                 f"{self.n_layers} layers x {self.n_heads} heads",
+                 f"causal={self.causal}"]
+        if self.queries is not None:
+            parts.append("with q, k, v")
+        return f"ModelAttention({', '.join(parts)})"
 
     def head_trace(self, layer: int, head: int) -> Trace:
         """Every step of one head (scores, scaled, masked, weights, output), in float64, with the

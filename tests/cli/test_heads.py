@@ -103,10 +103,9 @@ def test_plot_stat_and_plot_run(capsys, tmp_path):
         json.dumps({"step": s, "loss": loss, "val_loss": None, "stats": grid,
                     "labels": [["-", "-"]]}) + "\n" for s, loss in ((0, None), (5, 2.5))))
     svg = tmp_path / "ind.svg"
-    rc, out, err = cli(capsys, "plot", "--run", str(run), "--stat", "induction", "-o", str(svg))
+    rc, out, err = cli(capsys, "plot", "--model", str(run), "--stat", "induction", "-o", str(svg))
     assert rc == 0 and err == "" and svg.read_text().lstrip().startswith("<?xml")
-    for args, message in ((["--run", str(run)], "--stat: give the statistic"),
-                          (["x", "--run", str(run), "--stat", "max"], "leave out TEXT"),
+    for args, message in ((["--model", str(run)], "--stat: give the statistic"),
                           (["--stat", "nope"], "--stat 'nope'"),
                           (["--stat", "max"], "TEXT: give the text")):
         rc, _, err = cli(capsys, "plot", *args, "-o", str(svg))

@@ -57,7 +57,7 @@ def test_cli_plan_cp_calibrate(monkeypatch, capsys):
         return [CAL] * world
 
     monkeypatch.setattr(cp, "spawn", fake_spawn)
-    assert main(["plan-cp", "--L", "8192", "--heads", "8", "--head-dim", "64", "--world", "4",
+    assert main(["plan-cp", "--L", "8192", "--num-heads", "8", "--head-dim", "64", "--world", "4",
                  "--mask", "sliding:512", "--dtype", "fp32", "--ulysses-size", "2",
                  "--calibrate", "--calibrate-world", "4"]) == 0
     out = capsys.readouterr().out

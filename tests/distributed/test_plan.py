@@ -134,8 +134,8 @@ def test_plan_rejects_bad_arguments(kw, msg):
 
 
 def test_cli_plan_cp_table(capsys):
-    assert main(["plan-cp", "--L", "65536", "--heads", "32", "--kv-heads", "8", "--head-dim",
-                 "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
+    assert main(["plan-cp", "--L", "65536", "--num-heads", "32", "--num-kv-heads", "8",
+                 "--head-dim", "128", "--world", "8", "16", "--mask", "sliding:4096"]) == 0
     out = capsys.readouterr().out
     assert "| 8 | ring |" in out and "| 16 | allgather |" in out and "**auto**" in out
     # 8 key/value heads replicated to 16, one a rank: (q 32 + k, v 16 + 16 + out 32 + lse 0.5)
@@ -147,7 +147,7 @@ def test_cli_plan_cp_table(capsys):
 def test_cli_plan_cp_latency_flag(capsys):
     import json
 
-    args = ["plan-cp", "--L", "4096", "--heads", "8", "--world", "4", "--json"]
+    args = ["plan-cp", "--L", "4096", "--num-heads", "8", "--world", "4", "--json"]
     assert main([*args, "--latency-us", "0"]) == 0
     (zero,) = json.loads(capsys.readouterr().out)
     assert main([*args, "--latency-us", "50"]) == 0
@@ -160,7 +160,7 @@ def test_cli_plan_cp_latency_flag(capsys):
 
 
 def test_cli_plan_cp_json_matches_plan(capsys):
-    assert main(["plan-cp", "--L", "4096", "--heads", "8", "--world", "4", "--mask",
+    assert main(["plan-cp", "--L", "4096", "--num-heads", "8", "--world", "4", "--mask",
                  "document:3", "--dtype", "fp32", "--json"]) == 0
     import json
 
@@ -173,7 +173,7 @@ def test_cli_plan_cp_json_matches_plan(capsys):
 
 
 def test_cli_plan_cp_bad_mask(capsys):
-    assert main(["plan-cp", "--L", "64", "--heads", "4", "--mask", "sliding:x"]) == 2
+    assert main(["plan-cp", "--L", "64", "--num-heads", "4", "--mask", "sliding:x"]) == 2
     assert "--mask" in capsys.readouterr().err
 
 
@@ -230,7 +230,7 @@ def test_hybrid_infeasible_names_the_rule(U, msg):
 
 
 def test_cli_plan_cp_hybrid_tiers(capsys):
-    assert main(["plan-cp", "--L", "131072", "--heads", "32", "--kv-heads", "8", "--world",
+    assert main(["plan-cp", "--L", "131072", "--num-heads", "32", "--num-kv-heads", "8", "--world",
                  "32", "--ulysses-size", "8", "--intra-gbps", "3600", "--inter-gbps",
                  "400"]) == 0
     out = capsys.readouterr().out

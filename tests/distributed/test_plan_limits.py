@@ -75,6 +75,6 @@ def test_sizes_beyond_the_limit_are_refused(kw, needles):
     (["--L", str(10**8), "--mask", "document:4"], "at most 16,777,216"),
 ])
 def test_plan_cp_refuses_in_one_line(argv, needle, capsys):
-    assert main(["plan-cp", "--heads", "8", *argv]) == 2
+    assert main(["plan-cp", "--num-heads", "8", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err

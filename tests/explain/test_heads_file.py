@@ -44,7 +44,7 @@ def test_a_damaged_line_before_the_last_is_an_error(tmp_path):
         read_heads(run)
 
 
-@pytest.mark.parametrize("command", [["track-heads", "--plot-only", "--out"], ["plot", "--run"]])
+@pytest.mark.parametrize("command", [["track-heads", "--plot-only", "--out"], ["plot", "--model"]])
 def test_commands_draw_a_run_whose_last_line_is_torn(capsys, tmp_path, command):
     run = _run(tmp_path, '{"step": 10, "lo')
     fig = tmp_path / "ind.svg"

@@ -159,12 +159,12 @@ def test_heads_repeat_random_on_a_checkpoint_draws_its_corpus_frequent_character
     assert set(ids) <= set(frequent_ids(tr.data.train, at_least=40))
 
 
-def test_the_readme_describes_the_preset_it_ships():
+def test_the_docs_describe_the_preset_it_ships():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("**Heads forming during training.**", 1)[1].split("\n## ", 1)[0]
-    section = section.replace("\n", " ")
+    page = Path(__file__).resolve().parents[2] / "docs/learn/heads.md"
+    section = page.read_text(encoding="utf-8").split("## Heads forming during training", 1)[1]
+    section = " ".join(section.split())
     tr = Trainer.start("induction", max_steps=1)
     cfg, tcfg = tr.model.config, TrainConfig.from_name("induction")
     assert f"({tr.model.num_params():,} parameters)" in section
@@ -179,7 +179,7 @@ def test_the_readme_describes_the_preset_it_ships():
         "characters of context" in section
     pool = frequent_ids(tr.data.train, at_least=32)
     assert f"the {len(pool)} that make up {round(100 * PROBE_COVERAGE)}% of the corpus" in section
-    assert "docs/img/induction-training.png" in section
+    assert "(../img/induction-training.png)" in section
     assert (Path(__file__).resolve().parents[2] / "docs/img/induction-training.png").is_file()
 
 

@@ -260,14 +260,14 @@ def test_a_bad_optimizer_state_names_the_file_and_tensor(ck, change, needle):
 
 def test_cli_reports_damaged_checkpoints_in_one_line(ck, capsys):
     tensor_file(ck).write_bytes(b"\x00" * 40)
-    for argv in (["generate", "--checkpoint", str(ck), "--prompt", "a"],
+    for argv in (["generate", "--model", str(ck), "--prompt", "a"],
                  ["train", "--out", str(ck), "--resume", "--quiet"],
                  ["explain", "a", "--token", "a", "--model", str(ck)]):
         cli_one_line_error(capsys, argv, tensor_file(ck).name, "SHA-256")
     doc = doc_of(ck)
     doc["files"]["model"] = "../../../etc/passwd"
     write_doc(ck, doc)
-    for argv in (["generate", "--checkpoint", str(ck), "--prompt", "a"],
+    for argv in (["generate", "--model", str(ck), "--prompt", "a"],
                  ["train", "--out", str(ck), "--resume", "--quiet"],
                  ["explain", "a", "--token", "a", "--model", str(ck)]):
         cli_one_line_error(capsys, argv, "'files.model' must be a plain .safetensors file name")
@@ -383,7 +383,7 @@ def test_a_pickle_checkpoint_is_refused_by_name(tmp_path, capsys, payload):
         err = cli_one_line_error(capsys, ["explain", "a b", "--token", "a", "--model",
                                           str(target)], "safetensors weights only")
         assert "weights_only" not in err
-        cli_one_line_error(capsys, ["generate", "--checkpoint", str(target), "--prompt", "a"],
+        cli_one_line_error(capsys, ["generate", "--model", str(target), "--prompt", "a"],
                            "safetensors weights only")
     assert "unpickled" not in capsys.readouterr().out
 
@@ -414,7 +414,7 @@ def test_every_config_number_is_bounded_before_anything_is_built(ck, capsys, sec
     assert needle in str(e.value)
     cli_one_line_error(capsys, ["train", "--out", str(ck), "--resume", "--quiet"], needle)
     if section == "model":
-        cli_one_line_error(capsys, ["generate", "--checkpoint", str(ck), "--prompt", "a"],
+        cli_one_line_error(capsys, ["generate", "--model", str(ck), "--prompt", "a"],
                            needle)
 
 

@@ -25,7 +25,7 @@ def test_train_resume_generate(tmp_path, capsys):
     assert "step 3: train loss" in capsys.readouterr().out
     model, _ = load_checkpoint(out)
     assert model.config.name == "tiny"
-    argv = ["generate", "--checkpoint", out, "--prompt", "To be", "--max-new-tokens", "20",
+    argv = ["generate", "--model", out, "--prompt", "To be", "--max-new-tokens", "20",
             "--temperature", "1.0", "--top-k", "5", "--seed", "3"]
     assert main(argv) == 0
     first = capsys.readouterr().out
@@ -33,20 +33,20 @@ def test_train_resume_generate(tmp_path, capsys):
     assert capsys.readouterr().out == first and first.startswith("To be") and len(first) == 26
     one_line_error(capsys, ["train", "--out", out, "--quiet"], "already holds a checkpoint",
                    "--resume")
-    one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "café"], "--prompt",
+    one_line_error(capsys, ["generate", "--model", out, "--prompt", "café"], "--prompt",
                    "'é'")
-    one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "a", "--top-k", "0"],
+    one_line_error(capsys, ["generate", "--model", out, "--prompt", "a", "--top-k", "0"],
                    "top_k")
     for flag, value, needle in (("--temperature", "inf", "temperature: expected a finite"),
                                 ("--temperature", "nan", "temperature: expected a finite"),
                                 ("--seed", str(10**24), "seed: expected an int of magnitude"),
                                 ("--max-new-tokens", str(10**12), "max_new_tokens: expected")):
-        one_line_error(capsys, ["generate", "--checkpoint", out, "--prompt", "a", flag, value],
+        one_line_error(capsys, ["generate", "--model", out, "--prompt", "a", flag, value],
                        needle)
 
 
 @pytest.mark.parametrize("argv, needles", [
-    (["generate", "--checkpoint", "/nonexistent/ck", "--prompt", "hi"],
+    (["generate", "--model", "/nonexistent/ck", "--prompt", "hi"],
      ["no attnlab checkpoint at '/nonexistent/ck'"]),
     (["train", "--preset", "enormous"], ["--preset: unknown 'enormous'", "tiny"]),
     (["train", "--max-steps", "0"], ["--max-steps"]),

@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from attnlab.cli.options import add_threads
+
 QUICK = {"L": [1024], "masks": ["full", "causal", "sliding256", "document8"], "dtypes": ["fp32"],
          "modes": ["fwd", "fwd+bwd"], "peers": ["sdpa", "naive"], "repeats": 3}
 
@@ -23,19 +25,42 @@ def add_parser(sub):
     p = sub.add_parser("bench", help="benchmark attention against PyTorch SDPA and FlexAttention",
                        description=__doc__)
     p.add_argument("--quick", action="store_true",
-                   help="L=1024, fp32, sdpa and naive peers (well under 2 minutes)")
-    p.add_argument("--L", type=int, nargs="+", default=[1024, 4096, 16384, 65536],
-                   help="sequence lengths (default: 1k 4k 16k 64k)")
-    p.add_argument("--masks", nargs="+", choices=MASKS, default=list(MASKS))
-    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32", "bf16"])
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--peers", nargs="+", choices=[*PEERS, "none"], default=list(PEERS))
+                   help="a short run: L=1024, fp32, every mask and mode, sdpa and naive peers, 3 "
+                   "repeats (sets --L, --masks, --dtypes, --modes, --peers, --repeats: not "
+                   "with them)")
+    p.add_argument("--L", type=int, nargs="+", default=None,
+                   help="sequence lengths (default: 1024 4096 16384 65536)")
+    p.add_argument("--masks", nargs="+", choices=MASKS, default=None,
+                   help=f"masks to time (default: {' '.join(MASKS)})")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=None,
+                   help="dtypes (default: fp32 bf16)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None,
+                   help=f"forward only, or forward and backward (default: {' '.join(MODES)})")
+    p.add_argument("--peers", nargs="+", choices=[*PEERS, "none"], default=None,
+                   help=f"what to compare with (default: {' '.join(PEERS)})")
     p.add_argument("--tiled", action="store_true", help="also time backend='tiled' forced")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per cell, the median reported (default: 3)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="skip a cell predicted to take longer than this many seconds")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_threads(p)
     return p
+
+
+def _defaults(args) -> None:
+    """--quick's settings, refusing the flags it would override; else the plain defaults."""
+    from attnlab.bench.case import MASKS, MODES, PEERS
+    from attnlab.errors import AttnlabError
+
+    full = {"L": [1024, 4096, 16384, 65536], "masks": list(MASKS), "dtypes": ["fp32", "bf16"],
+            "modes": list(MODES), "peers": list(PEERS), "repeats": 3}
+    given = [k for k in full if getattr(args, k) is not None]
+    if args.quick and given:
+        flags = ", ".join(f"--{k}" for k in given)
+        raise AttnlabError(f"--quick sets {flags} itself; leave out {flags} or --quick")
+    for k, value in (QUICK if args.quick else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, value)
 
 
 def run(args) -> int:
@@ -44,13 +69,9 @@ def run(args) -> int:
     from attnlab.bench import engine as br
     from attnlab.errors import AttnlabError
 
-    if args.quick:
-        for k, val in QUICK.items():
-            setattr(args, k, val)
+    _defaults(args)
     if args.repeats < 1 or any(n < 1 for n in args.L):
         raise AttnlabError("bench: --repeats and --L must be positive")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     peers = [x for x in args.peers if x != "none"]
     impls = ["attnlab", *(["tiled"] if args.tiled else []), *peers]
     mem_kib = _mem_available_kib()

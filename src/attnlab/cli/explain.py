@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from attnlab.cli.options import add_model, check_text, open_model, run_text
+from attnlab.cli.options import add_model, add_threads, check_text, open_model, run_text
 
 
 def add_parser(sub):
@@ -20,14 +20,21 @@ def add_parser(sub):
     p.add_argument("--token", required=True, metavar="WORD",
                    help="the word to explain (or its token index; split words are found too)")
     add_model(p)
-    p.add_argument("--target", metavar="WORD", help="show the head that borrows most from WORD")
-    p.add_argument("--layer", type=int, help="show this layer (0-based; with --head)")
-    p.add_argument("--head", type=int, help="show this head (0-based; with --layer)")
+    p.add_argument("--target", metavar="WORD",
+                   help="detail the head that borrows most from WORD (default: the top-ranked "
+                   "head)")
+    p.add_argument("--layer", type=int,
+                   help="detail this layer (0-based, negative counts from the last; with --head; "
+                   "default: the top-ranked head)")
+    p.add_argument("--head", type=int,
+                   help="detail this head of --layer (0-based, negative counts from the last; "
+                   "default: the top-ranked head)")
     p.add_argument("--top", type=int, default=5, metavar="K",
                    help="how many heads and contributions to list (default 5)")
     p.add_argument("--json", action="store_true", help="print the same content as JSON")
     p.add_argument("--plain", action="store_true",
                    help="text only, no coloured bars/heatmaps (the default when not a terminal)")
+    add_threads(p)
     return p
 
 

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+from attnlab.cli.options import add_alias, add_threads
+
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a trained checkpoint",
                        description=__doc__)
-    p.add_argument("--checkpoint", required=True, metavar="DIR",
-                   help="checkpoint directory written by attnlab train")
+    model = p.add_argument("--model", metavar="DIR", default=None,
+                           help="the checkpoint directory attnlab train wrote (required; no "
+                           "default)")
+    add_alias(p, "--checkpoint", model)
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
+                   help="how many characters to add at most")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",
                    help="sampling temperature; 0 = always the most likely token")
     p.add_argument("--top-k", type=int, default=None, metavar="K",
-                   help="sample among the K most likely tokens only")
+                   help="sample among the K most likely tokens only (default: all)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="the same seed gives the same text")
+    add_threads(p)
     return p
 
 
 def run(args) -> int:
+    from attnlab.errors import AttnlabError
     from attnlab.models import generate, load_checkpoint
 
-    model, tok = load_checkpoint(args.checkpoint)
+    if args.model is None:
+        raise AttnlabError("--model: required: the checkpoint directory attnlab train wrote")
+    model, tok = load_checkpoint(args.model)
     ids = generate(model, _encode(tok, args.prompt), args.max_new_tokens,
                    temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     print(tok.decode(ids))

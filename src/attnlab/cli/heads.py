@@ -15,7 +15,9 @@ import json
 import sys
 
 from attnlab.cli.options import (
+    add_alias,
     add_model,
+    add_threads,
     check_choice,
     check_output,
     check_text,
@@ -29,21 +31,27 @@ def add_parser(sub):
     p = sub.add_parser("heads", help="statistics and a label for every head of a model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to run the model on")
-    p.add_argument("--file", metavar="FILE", help="more texts, one per non-empty line")
+    p.add_argument("--file", metavar="FILE",
+                   help="more texts, one per non-empty line (default: none)")
     add_model(p)
     p.add_argument("--repeat-random", type=int, metavar="N", default=None,
-                   help="the induction probe: N random tokens then the same N again")
-    p.add_argument("--seed", type=int, default=0, help="seed of the probe's tokens (default 0)")
+                   help="add the induction probe: N random tokens then the same N again "
+                   "(default: no probe)")
+    seed = p.add_argument("--probe-seed", type=int, default=0, metavar="S",
+                          help="seed of the probe's random tokens (default 0)")
+    add_alias(p, "--seed", seed)
     p.add_argument("--sort", default=None, metavar="STAT",
                    help="sort heads by this statistic, largest first (default: max; induction "
                    "with --repeat-random)")
     p.add_argument("--top", type=int, default=None, metavar="K",
                    help="show the first K heads (default: all)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="also draw a layers x heads heatmap of the --sort statistic (.png/.svg)")
+                   help="also draw a layers x heads heatmap of the --sort statistic (.png/.svg; "
+                   "default: no figure)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the statistics as JSON")
     fmt.add_argument("--csv", action="store_true", help="print one CSV line per head")
+    add_threads(p)
     return p
 
 
@@ -81,7 +89,7 @@ def run(args) -> int:
     if texts:
         stats = head_stats([run_text(loaded, t) for t in texts], special=special)
     if args.repeat_random is not None:
-        probe = head_stats(repeat_random(loaded, args.repeat_random, seed=args.seed),
+        probe = head_stats(repeat_random(loaded, args.repeat_random, seed=args.probe_seed),
                            special=special)
         stats = probe if stats is None else with_induction(stats, probe)
     sort = args.sort or ("induction" if probe is not None else "max")
@@ -89,7 +97,7 @@ def run(args) -> int:
         out = stats.to_json()
         out["model"] = loaded.name
         if probe is not None:
-            out["repeat_random"] = {"n": args.repeat_random, "seed": args.seed}
+            out["repeat_random"] = {"n": args.repeat_random, "seed": args.probe_seed}
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif args.csv:
@@ -99,7 +107,7 @@ def run(args) -> int:
         if probe is not None:
             what = "dup and ind from" if texts else "every statistic on"
             note = (f"{what} the induction probe: {args.repeat_random} random tokens then the "
-                    f"same again (seed {args.seed})")
+                    f"same again (seed {args.probe_seed})")
         sys.stdout.write(render_heads(stats, sort=sort, top=args.top, probe=note))
     if args.output:
         from attnlab.viz.head_figures import figure_stat, save_figure
@@ -111,8 +119,8 @@ def run(args) -> int:
 
 
 def plot_stat(text, out, *, stat, run=None, model=None) -> str:
-    """`attnlab plot --stat` (a heatmap over `text`) or `--run DIR --stat` (curves over training);
-    returns the line to print."""
+    """`attnlab plot TEXT --stat` (a heatmap over `text`) or `plot --model DIR --stat` without
+    TEXT (`run`: curves over training); returns the line to print."""
     from attnlab.errors import AttnlabError
     from attnlab.explain.head_statistics import STATS
 
@@ -122,13 +130,15 @@ def plot_stat(text, out, *, stat, run=None, model=None) -> str:
         raise AttnlabError(f"--stat {stat!r}: expected one of {', '.join(STATS)}")
     if run is not None:
         if text is not None:
-            raise AttnlabError("--run: draws a training run; leave out TEXT")
+            raise AttnlabError("--model: a run directory draws its training curves; leave out "
+                               "TEXT")
         from attnlab.viz.head_figures import draw_run
 
         draw_run(run, stat, out)
         return f"wrote {out} ({stat} per head over the run in {run})"
     if text is None:
-        raise AttnlabError("TEXT: give the text to run the model on (or --run DIR)")
+        raise AttnlabError("TEXT: give the text to run the model on (or, without TEXT, "
+                           "--model DIR: a run directory holding heads.jsonl)")
     from attnlab.explain.head_statistics import head_stats
     from attnlab.viz.head_figures import figure_stat, save_figure
 

@@ -22,12 +22,14 @@ def add_parser(sub):
     p = sub.add_parser("lesson", help="replay the attention lesson with computed numbers",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print the same content as JSON")
-    p.add_argument("--section", metavar="NAME", help="show one section only: " + SECTION_NAMES)
+    p.add_argument("--section", metavar="NAME",
+                   help="show one section only (default: all): " + SECTION_NAMES)
     p.add_argument("--plain", action="store_true",
                    help="text only, no coloured bars/heatmaps (the default when not a terminal)")
     p.add_argument("--html", action="store_true",
                    help="write the explorable page instead (to -o FILE.html, or to stdout)")
-    p.add_argument("-o", "--output", metavar="FILE.html", help="where --html writes the page")
+    p.add_argument("-o", "--output", metavar="FILE.html",
+                   help="where --html writes the page (default: stdout)")
     return p
 
 

@@ -15,6 +15,8 @@ loading numpy or torch.
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
@@ -91,3 +93,33 @@ def check_choice(name: str, value: str | None, choices) -> str | None:
     if value is not None and value not in choices:
         raise AttnlabError(f"{name} {value!r}: expected one of {', '.join(choices)}")
     return value
+
+
+THREADS_HELP = ("torch threads for this command (default 1: on a machine shared with other jobs "
+                "more threads can wait on each other and run many times slower; give the number "
+                "of idle cores to use them)")
+
+
+def add_threads(p, *, help: str = THREADS_HELP):
+    """Add `--threads N` (default 1); `attnlab.cli.main` applies it before the command runs."""
+    return p.add_argument("--threads", type=int, default=1, metavar="N", help=help)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of an option: stores into the new one's dest and says so on stderr."""
+
+    def __init__(self, option_strings, dest, *, new: str, **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_alias(p, old: str, new_action) -> None:
+    """Keep `old` working as a hidden spelling of `new_action`'s option (one warning line)."""
+    p.add_argument(old, dest=new_action.dest, metavar=new_action.metavar, type=new_action.type,
+                   nargs=new_action.nargs, action=_Deprecated, new=new_action.option_strings[-1],
+                   help=argparse.SUPPRESS)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 
+from attnlab.cli.options import add_alias, add_threads
+
 #: --mask document:N builds one id per position: planning stays within a few hundred MB up to this
 MAX_DOCUMENT_LEN = 1 << 24
 
@@ -25,16 +27,22 @@ def add_parser(sub):
     p = sub.add_parser("plan-cp", help="plan context-parallel attention: bytes, FLOPs, time",
                        description=__doc__)
     p.add_argument("--L", type=int, required=True, help="sequence length (queries = keys)")
-    p.add_argument("--heads", type=int, required=True, help="query heads H")
-    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads Hkv (default H)")
+    heads = p.add_argument("--num-heads", type=int, default=None, metavar="H",
+                           help="how many query heads (required; no default)")
+    kv = p.add_argument("--num-kv-heads", type=int, default=None, metavar="HKV",
+                        help="how many key/value heads (default: H)")
+    add_alias(p, "--heads", heads)
+    add_alias(p, "--kv-heads", kv)
     p.add_argument("--head-dim", type=int, default=128, help="head dim D (default 128)")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--world", type=int, nargs="+", default=[8, 16, 32, 64],
                    help="numbers of ranks to plan for (default 8 16 32 64)")
     p.add_argument("--mask", default="causal", help="full | causal | sliding:W | document:N | "
                    "prefix:N (default causal)")
-    p.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous", "striped"])
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp64"])
+    p.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous", "striped"],
+                   help="which rows each rank holds")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp64"],
+                   help="the dtype of q, k, v (bytes per value)")
     p.add_argument("--link-gbps", type=float, default=100.0,
                    help="link bandwidth per rank, Gbit/s, each way (default 100)")
     p.add_argument("--tflops", type=float, default=100.0,
@@ -44,7 +52,7 @@ def add_parser(sub):
                    "InfiniBand / RoCE)")
     p.add_argument("--ulysses-size", type=int, default=None, metavar="U",
                    help="also plan strategy hybrid: all-to-all over heads inside groups of U "
-                   "ranks, ring across groups")
+                   "ranks, ring across groups (default: no hybrid)")
     p.add_argument("--intra-gbps", type=float, default=None,
                    help="link inside a group of U ranks, Gbit/s (default: the inter link)")
     p.add_argument("--inter-gbps", type=float, default=None,
@@ -58,6 +66,7 @@ def add_parser(sub):
                    help="local processes --calibrate measures on (default 2; with "
                    "--ulysses-size, a multiple of it)")
     p.add_argument("--json", action="store_true", help="print the plans as JSON")
+    add_threads(p)
     return p
 
 
@@ -124,12 +133,15 @@ def _links(args, lat, cal) -> str:
 def run(args) -> int:
     from attnlab.distributed import plan
     from attnlab.distributed.cost import DEFAULT_LATENCY_US
+    from attnlab.errors import AttnlabError
 
+    if args.num_heads is None:
+        raise AttnlabError("--num-heads: required: how many query heads (H)")
     mask, is_causal = parse_mask(args.mask, args.L)
     lat = DEFAULT_LATENCY_US if args.latency_us is None else args.latency_us
-    hkv = args.kv_heads or args.heads
+    hkv = args.num_kv_heads or args.num_heads
     cal = _calibrate(args) if args.calibrate else None
-    plans = [plan(args.L, args.heads, hkv, args.head_dim, P, mask=mask, is_causal=is_causal,
+    plans = [plan(args.L, args.num_heads, hkv, args.head_dim, P, mask=mask, is_causal=is_causal,
                   layout=args.layout, dtype=args.dtype, batch=args.batch,
                   link_gbps=args.link_gbps, tflops=args.tflops, latency_us=lat,
                   ulysses_size=args.ulysses_size, intra_gbps=args.intra_gbps,
@@ -146,7 +158,7 @@ def run(args) -> int:
                                   "time_s": e.time_s if e.feasible else None}
                                for s, e in p.estimates.items()}} for p in plans], indent=1))
         return 0
-    print(f"# attnlab plan-cp: L={args.L}, B={args.batch}, H={args.heads}, Hkv={hkv}, "
+    print(f"# attnlab plan-cp: L={args.L}, B={args.batch}, H={args.num_heads}, Hkv={hkv}, "
           f"D={args.head_dim}, {args.dtype}, mask {args.mask}, layout {args.layout}; "
           f"{_links(args, lat, cal)}\n")
     print("| ranks | strategy | fwd MiB sent/rank | fwd+bwd MiB sent/rank | fwd+bwd msgs/rank | "

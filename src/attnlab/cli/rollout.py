@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.options import add_model, check_output, check_text, run_text
+from attnlab.cli.options import add_model, add_threads, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -21,9 +21,12 @@ def add_parser(sub):
                    help="the word (or token index) to trace back")
     add_model(p)
     p.add_argument("--heads", default="mean", metavar="H[,H...]",
-                   help="average these heads of every layer (default: all)")
-    p.add_argument("-o", "--output", metavar="FILE", help="also draw the shares (.png or .svg)")
+                   help="average these heads of every layer (0-based, negative counts from the "
+                   "last; default: all)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="also draw the shares (.png or .svg; default: no figure)")
     p.add_argument("--json", action="store_true", help="print tokens, rollout and flow as JSON")
+    add_threads(p)
     return p
 
 

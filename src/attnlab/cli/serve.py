@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attnlab.cli.options import add_threads
+
 
 def add_parser(sub):
     from attnlab.viz.app_server import MAX_CHARS, MAX_TOKENS
@@ -25,6 +27,7 @@ def add_parser(sub):
                    help=f"longest text accepted (default {MAX_CHARS})")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
                    help=f"most tokens accepted (default {MAX_TOKENS})")
+    add_threads(p)
     return p
 
 

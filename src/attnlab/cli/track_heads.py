@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli.options import add_threads
+
 
 def add_parser(sub):
     p = sub.add_parser("track-heads", help="train a small GPT and record its heads forming",
@@ -28,15 +30,19 @@ def add_parser(sub):
                    help="evaluate the heads every K steps (default 25)")
     p.add_argument("--probe", type=int, default=32, metavar="N",
                    help="random tokens in each half of the probe (default 32)")
-    p.add_argument("--seed", type=int, default=None, help="training seed")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="seed of the weights and batch order, as in attnlab train (default: the "
+                   "preset's)")
     p.add_argument("--repeat-prob", type=float, default=None, metavar="P",
                    help="share of training windows that repeat a stretch of their text (default: "
                    "the preset's 0.5; 0 for the plain corpus)")
     p.add_argument("--stat", default="induction", metavar="STAT",
                    help="the statistic to draw (default: induction)")
-    p.add_argument("-o", "--output", metavar="FIG", help="draw the curves (.png or .svg)")
+    p.add_argument("-o", "--output", metavar="FIG",
+                   help="draw the curves (.png or .svg; default: no figure)")
     p.add_argument("--plot-only", action="store_true",
                    help="do not train: draw --out's heads.jsonl")
+    add_threads(p)
     return p
 
 

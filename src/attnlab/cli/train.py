@@ -22,7 +22,8 @@ def add_parser(sub):
                    help="checkpoint directory (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run checkpointed in --out (under any --dp/--cp)")
-    p.add_argument("--seed", type=int, default=None, help="seed for weights and batch order")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed for weights and batch order (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="sequences per step, all processes together (default: the preset's)")
     p.add_argument("--eval-interval", type=int, default=None, metavar="N",
@@ -31,16 +32,19 @@ def add_parser(sub):
                    help="peak learning rate after warm-up (default: the preset's; with --resume, "
                    "the run's); the floor --min-lr moves with it unless given")
     p.add_argument("--min-lr", type=float, default=None, metavar="LR",
-                   help="learning rate at the end of the cosine decay (at most --lr)")
+                   help="learning rate at the end of the cosine decay (at most --lr; default: "
+                   "the preset's, moved with --lr)")
     p.add_argument("--warmup-steps", type=int, default=None, metavar="N",
-                   help="steps of linear warm-up from 0 to --lr (0: none)")
+                   help="steps of linear warm-up from 0 to --lr (0: none; default: the preset's)")
     p.add_argument("--dropout", type=float, default=None, metavar="P",
                    help="dropout probability of the model, 0 <= P < 1 (default: the preset's)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch intra-op threads (default: torch's choice in one process, 1 per "
-                   "process with --nproc; on a busy machine 1 can be much faster)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch intra-op threads per process (default 1: on a machine shared "
+                   "with other jobs more threads can wait on each other and train many times "
+                   "slower; give the number of idle cores to use them)")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
-                   help="train on N local processes (N = D × C) through torch.distributed.run")
+                   help="train on N local processes (N = D × C) through torch.distributed.run "
+                   "(default: D × C, 1 process)")
     p.add_argument("--dp", type=int, default=None, metavar="D",
                    help="data-parallel replicas: each trains on its rows of every batch "
                    "(default: N / C)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.options import add_model, check_output, check_text, run_text
+from attnlab.cli.options import add_model, add_threads, check_output, check_text, run_text
 
 
 def add_parser(sub):
@@ -19,6 +19,7 @@ def add_parser(sub):
     p.add_argument("-o", "--output", required=True, metavar="FILE.html",
                    help="where to write the page")
     add_model(p)
+    add_threads(p)
     return p
 
 

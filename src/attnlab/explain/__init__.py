@@ -16,3 +16,12 @@ from attnlab.explain.head_statistics import head_stats
 from attnlab.explain.lesson_sections import SECTIONS, build_lesson
 
 __all__ = ["SECTIONS", "build_lesson", "flow", "head_stats", "rollout"]
+
+
+def __getattr__(name: str):  # `import attnlab` then attnlab.explain.training: import on first use
+    import importlib
+    import importlib.util
+
+    if not name.startswith("_") and importlib.util.find_spec(f"attnlab.explain.{name}"):
+        return importlib.import_module(f"attnlab.explain.{name}")
+    raise AttributeError(f"module 'attnlab.explain' has no attribute {name!r}")

@@ -47,9 +47,10 @@ def residual_matrices(weights, heads="mean") -> np.ndarray:
         picked = list(range(H))
     else:
         picked = [heads] if isinstance(heads, (int, np.integer)) else list(heads)
-        if not picked or not all(isinstance(h, (int, np.integer)) and 0 <= h < H
+        if not picked or not all(isinstance(h, (int, np.integer)) and -H <= h < H
                                  for h in picked):
-            raise AttnlabError(f"heads: expected indices in 0..{H - 1}, got {heads!r}")
+            raise AttnlabError(f"heads: expected indices in 0..{H - 1} (or -{H}..-1 from the "
+                               f"last), got {heads!r}")
     a = w[:, picked].mean(axis=1)  # (layers, H', L, L) -> (layers, L, L)
     a = a + np.eye(a.shape[-1])
     return a / a.sum(-1, keepdims=True)

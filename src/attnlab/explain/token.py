@@ -268,7 +268,7 @@ def head_detail(att: ModelAttention, focus: int, layer: int, head: int,
     A contribution is weight_j * value_j; its `share` is its projection on the context vector
     (all shares add up to 1), its `norm` its length.
     """
-    _check_head(att, layer, head)
+    layer, head = _check_head(att, layer, head)
     t = att.head_trace(layer, head)
     context = t.output[focus]  # (Dv,)
     parts = t.weights[focus][:, None] * t.value  # (S, 1) * (S, Dv) -> (S, Dv)
@@ -289,13 +289,15 @@ def head_detail(att: ModelAttention, focus: int, layer: int, head: int,
     )
 
 
-def _check_head(att: ModelAttention, layer: int, head: int) -> None:
-    if not 0 <= layer < att.n_layers:
+def _check_head(att: ModelAttention, layer: int, head: int) -> tuple[int, int]:
+    """(layer, head) as 0-based indices; negative ones count from the last, as in Python."""
+    if not -att.n_layers <= layer < att.n_layers:
         raise AttnlabError(f"layer {layer}: out of range, {att.model_name} has layers "
-                           f"0..{att.n_layers - 1}")
-    if not 0 <= head < att.n_heads:
+                           f"0..{att.n_layers - 1} (or -{att.n_layers}..-1 from the last)")
+    if not -att.n_heads <= head < att.n_heads:
         raise AttnlabError(f"head {head}: out of range, {att.model_name} has heads "
-                           f"0..{att.n_heads - 1}")
+                           f"0..{att.n_heads - 1} (or -{att.n_heads}..-1 from the last)")
+    return layer % att.n_layers, head % att.n_heads
 
 
 def explain_token(att: ModelAttention, word: str | int, *, target: str | int | None = None,
@@ -314,8 +316,7 @@ def explain_token(att: ModelAttention, word: str | int, *, target: str | int | N
     ranking = rank_heads(att, focus, special)
     target_pieces = None
     if layer is not None:
-        _check_head(att, layer, head)
-        chosen, why = (layer, head), "chosen with --layer/--head"
+        chosen, why = _check_head(att, layer, head), "chosen with --layer/--head"
     elif target is not None:
         target_pieces = find_word(att.tokens, target)
         chosen = target_head(att, focus, target_pieces)

@@ -46,7 +46,7 @@ PRESETS: dict[str, dict[str, dict]] = {
     # rotary positions, and half the training windows a stretch of Shakespeare repeated to fill
     # the window (repeat_prob, see attnlab.models.repeats); validation stays plain text. The
     # induction score leaves chance near step 450 and passes 0.4 near step 1,000: about 6 minutes
-    # on one thread of a busy 2-core machine (README, "Heads forming during training")
+    # on one thread of a busy 2-core machine (docs/learn/heads.md)
     "induction": {
         "model": {"block_size": 128, "n_layer": 2, "n_head": 4, "n_embd": 64, "rotary": True,
                   "attn_only": True},

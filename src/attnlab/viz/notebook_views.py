@@ -19,6 +19,8 @@ Exported as `attnlab.viz.head_view` etc.
 
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -216,10 +218,23 @@ def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer
     out = AttentionPage(page_html(data=data, opening=opening, theme=theme))
     if html_action == "return":
         return out
+    if not _in_notebook():  # a plain script or a terminal: nothing could show the page
+        warnings.warn(f"{view}_view: no notebook to show the page in; save it with "
+                      f"attnlab.viz.save({view}_view(..., html_action=\"return\"), "
+                      f"\"view.html\") and open that file (the page is returned as well)",
+                      stacklevel=3)
+        return out
     from IPython.display import HTML, display  # Jupyter's own: only "view" needs it
 
     display(HTML(out._repr_html_()))
     return None
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (it can display HTML); False in a script or terminal IPython."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and type(shell).__name__ != "TerminalInteractiveShell"
 
 
 def _opening_index(name: str, value, ids: list[int] | None, n: int, what: str) -> int:

@@ -1,0 +1,61 @@
+"""MkDocs hook: the parts of the docs that are generated at build time, so they cannot drift.
+
+- `<!-- cli-reference -->` becomes the CLI reference, built from the argparse parsers
+  (`attnlab.cli.build_parser`): every command's `--help`, as `attnlab COMMAND --help` prints it.
+- `<!-- run: attnlab ARGS -->` becomes a text block with that command and what it prints, run
+  in this process through `attnlab.cli.main` (so the numbers shown are the ones computed now);
+  `<!-- run-md: attnlab ARGS -->` inserts the output as Markdown (for commands printing tables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+
+RUN = re.compile(r"^<!-- run(-md)?: attnlab (.*?) -->$", re.M)
+_outputs: dict[str, str] = {}
+
+
+def cli_reference() -> str:
+    """One section per command: its one-line help, then its `--help` verbatim."""
+    os.environ["COLUMNS"] = "100"  # argparse wraps help at the terminal's width
+    from attnlab.cli import build_parser
+
+    parser = build_parser()
+    out = ["## attnlab", "", "```text", parser.format_help().rstrip(), "```", ""]
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        out += [f"## attnlab {name}", "", parser.command_help[name], "", "```text",
+                p.format_help().rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+def run_command(args: str, markdown: bool = False) -> str:
+    """`attnlab ARGS` run here; its stdout (it must exit 0), as a text block or as Markdown."""
+    if args not in _outputs:
+        os.environ["COLUMNS"] = "100"
+        import torch
+
+        from attnlab.cli import main
+
+        torch.set_num_threads(1)  # small work: one thread is fastest, and never collapses
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = main(shlex.split(args))
+        if code != 0:
+            raise RuntimeError(f"attnlab {args}: exit code {code}")
+        _outputs[args] = buf.getvalue().rstrip()
+    if markdown:  # a title line of the output ("# ...") is a caption here, not a heading
+        body = re.sub(r"^# (.*)$", r"*\1*", _outputs[args], flags=re.M)
+        return f"`attnlab {args}`\n\n{body}"
+    return f"```text\n$ attnlab {args}\n{_outputs[args]}\n```"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if "<!-- cli-reference -->" in markdown:
+        markdown = markdown.replace("<!-- cli-reference -->", cli_reference())
+    return RUN.sub(lambda m: run_command(m.group(2), markdown=bool(m.group(1))), markdown)
