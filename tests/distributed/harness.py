@@ -43,6 +43,24 @@ def run_group(fn, world: int, *args, timeout_s: float = 150.0,
     return spawn(fn, world, *args, timeout_s=timeout_s, group_timeout_s=group_timeout_s)
 
 
+def results_by_case(fn, world: int, group_timeout_s: float, timeout_s: float = 240.0) -> dict:
+    """{case id: [each rank's result]} of a worker `fn` that returns {case id: result}."""
+    out: dict = {}
+    for per_rank in run_group(fn, world, timeout_s=timeout_s, group_timeout_s=group_timeout_s):
+        for cid, res in per_rank.items():
+            out.setdefault(cid, []).append(res)
+    return out
+
+
+def case_ranks(case, results) -> list:
+    """Every rank's result of `case`, each checked to hold no error."""
+    per_rank = results[case["id"]]
+    assert len(per_rank) == case["P"]
+    for rank, r in enumerate(per_rank):
+        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
+    return per_rank
+
+
 def run_each(cases, run_case, groups, rank: int) -> dict:
     """{case id: run_case(case, group)} of every case that includes this rank; a case that raises
     returns {"error": traceback} (reported by the test that reads it) instead of stopping."""

@@ -5,34 +5,22 @@ across groups), and the errors that name the head rule; one spawned group of 4 s
 
 import pytest
 
-from distributed.scale_cases import GROUP_TIMEOUT_S, all_cases
+from distributed.harness import case_ranks, results_by_case
+from distributed.scale_cases import all_cases
 
 CASES = all_cases()
 
 
 @pytest.fixture(scope="module")
 def results():
-    from attnlab.distributed import spawn
-    from distributed.scale_cases import run_scale
+    from distributed.scale_cases import GROUP_TIMEOUT_S, run_scale
 
-    out: dict = {}
-    for per_rank in spawn(run_scale, 4, timeout_s=240.0, group_timeout_s=GROUP_TIMEOUT_S):
-        for cid, res in per_rank.items():
-            out.setdefault(cid, []).append(res)
-    return out
-
-
-def _ranks(case, results):
-    per_rank = results[case["id"]]
-    assert len(per_rank) == case["P"]
-    for rank, r in enumerate(per_rank):
-        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
-    return per_rank
+    return results_by_case(run_scale, 4, GROUP_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_fp64_equals_one_process(case, results):
-    per_rank = _ranks(case, results)
+    per_rank = case_ranks(case, results)
     assert sum(r["rows"] for r in per_rank) == case["L"]
     for rank, r in enumerate(per_rank):
         for what in ("out", "lse", "dq", "dk", "dv"):
@@ -41,7 +29,7 @@ def test_fp64_equals_one_process(case, results):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_bytes_and_messages_equal_plan(case, results):
-    for rank, r in enumerate(_ranks(case, results)):
+    for rank, r in enumerate(case_ranks(case, results)):
         assert r["got"] == r["plan"], (
             f"rank {rank}: counted (bytes fwd sent, recv, bwd sent, recv, messages ...) "
             f"{r['got']}, plan {r['plan']}")
@@ -89,7 +77,7 @@ def test_varlen_moves_only_attendable_keys_and_unshards(case, results):
     """Forward, a rank receives exactly the other ranks' keys its queries may attend (point to
     point: ring, and allgather when not every rank needs every key) and unshard gives the whole
     packed output back."""
-    for rank, r in enumerate(_ranks(case, results)):
+    for rank, r in enumerate(case_ranks(case, results)):
         assert r["unshard"] <= 1e-12
         if case["strategy"] != "ulysses":
             assert r["got"][1] == r["attendable_bytes"], f"rank {rank}"

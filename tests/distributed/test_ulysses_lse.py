@@ -6,29 +6,17 @@ equal `plan` whether or not the loss uses the lse."""
 
 import pytest
 
-from distributed.ulysses_lse_cases import GROUP_TIMEOUT_S, ulysses_cases
+from distributed.harness import case_ranks, results_by_case
+from distributed.ulysses_lse_cases import ulysses_cases
 
 CASES = ulysses_cases()
 
 
 @pytest.fixture(scope="module")
 def results():
-    from attnlab.distributed import spawn
-    from distributed.ulysses_lse_cases import run_ulysses
+    from distributed.ulysses_lse_cases import GROUP_TIMEOUT_S, run_ulysses
 
-    out: dict = {}
-    for per_rank in spawn(run_ulysses, 4, timeout_s=240.0, group_timeout_s=GROUP_TIMEOUT_S):
-        for cid, res in per_rank.items():
-            out.setdefault(cid, []).append(res)
-    return out
-
-
-def _ranks(case, results):
-    per_rank = results[case["id"]]
-    assert len(per_rank) == case["P"]
-    for rank, r in enumerate(per_rank):
-        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
-    return per_rank
+    return results_by_case(run_ulysses, 4, GROUP_TIMEOUT_S)
 
 
 FP64 = [c for c in CASES if c["dtype"] == "fp64"]
@@ -36,7 +24,7 @@ FP64 = [c for c in CASES if c["dtype"] == "fp64"]
 
 @pytest.mark.parametrize("case", FP64, ids=[c["id"] for c in FP64])
 def test_gradients_equal_one_process(case, results):
-    per_rank = _ranks(case, results)
+    per_rank = case_ranks(case, results)
     assert sum(r["rows"] for r in per_rank) == case["L"]
     for rank, r in enumerate(per_rank):
         for what in ("out", "lse", "dq", "dk", "dv"):
@@ -46,7 +34,7 @@ def test_gradients_equal_one_process(case, results):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_bytes_and_messages_equal_plan(case, results):
-    for rank, r in enumerate(_ranks(case, results)):
+    for rank, r in enumerate(case_ranks(case, results)):
         assert r["got"] == r["plan"], (
             f"rank {rank}: counted (fwd sent, recv, bwd sent, recv; then messages) {r['got']}, "
             f"plan {r['plan']}")
@@ -64,9 +52,9 @@ def test_every_loss_moves_the_same(case, results):
     many bytes as the forward."""
     same = [c for c in CASES if _geometry(c) == _geometry(case)]
     assert [c["loss"] for c in same] == ["out", "both", "mixed"]
-    counted = [[r["got"] for r in _ranks(c, results)] for c in same]
+    counted = [[r["got"] for r in case_ranks(c, results)] for c in same]
     assert counted[0] == counted[1] == counted[2]
-    for r in _ranks(case, results):
+    for r in case_ranks(case, results):
         fwd_sent, fwd_recv, bwd_sent, bwd_recv = r["got"][:4]
         assert bwd_sent == fwd_sent == bwd_recv == fwd_recv > r["lse_bwd_bytes"] > 0
 
@@ -78,7 +66,7 @@ BF16 = [c for c in CASES if c["dtype"] == "bf16"]
 def test_bf16_output_and_fp32_lse_in_one_message(case, results):
     """out (bf16) and lse (fp32, as pairs of bf16) share one all-to-all: both arrive intact, the
     lse to fp32 accuracy (a half of its bits lost or swapped would be far off)."""
-    for rank, r in enumerate(_ranks(case, results)):
+    for rank, r in enumerate(case_ranks(case, results)):
         for what in ("out", "lse", "dq", "dk", "dv"):
             if what in r:
                 tol = 1e-4 if what == "lse" else 2e-2

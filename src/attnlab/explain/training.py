@@ -131,14 +131,15 @@ def read_heads(run) -> list[dict]:
     for k, (number, row) in enumerate(numbered):
         try:
             doc = json.loads(row)
-            if not isinstance(doc, dict):
-                raise ValueError("not a JSON object")
+            why = None if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
         except ValueError as e:
+            why = str(e)
+        if why is not None:
             if k == len(numbered) - 1:
                 warnings.warn(f"{p}: line {number} is torn (the run stopped while writing it); "
                               "skipped", stacklevel=2)
                 break
-            raise AttnlabError(f"run: {p} line {number} is not a JSON object ({e})") from None
+            raise AttnlabError(f"run: {p} line {number} is not a JSON object ({why})")
         out.append(doc)
     return out
 

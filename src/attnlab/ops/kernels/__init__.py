@@ -57,7 +57,8 @@ def interval_forward(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0
         out (B, H, L, Dv) in q's dtype (rows with no key: 0), lse float32 (B, H, L) (-inf there).
 
     Raises:
-        AttnlabError on bad arguments; RuntimeError when the kernel is not available.
+        AttnlabError on bad arguments; KernelUnavailable (an AttnlabError and a
+        RuntimeError) when the kernel is not available.
     """
     from attnlab.ops.kernels import gate, kernel
 

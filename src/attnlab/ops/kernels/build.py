@@ -33,6 +33,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.errors import AttnlabError
+
 ISAS = ("avx512", "avx2", "scalar")
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp")
@@ -51,6 +53,11 @@ ISA_NEEDS = {
 }
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
 LOCK_WAIT_S = 900.0
+
+
+class KernelUnavailable(AttnlabError, RuntimeError):
+    """The interval kernel cannot be had here (no compiler, a failed build, an ISA this CPU lacks,
+    the kernel turned off); callers fall back to the PyTorch path."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,6 @@ def chosen_isa() -> str:
     forced = os.environ.get("ATTNLAB_KERNEL_ISA", "").strip().lower()
     if forced:
         if forced not in ISAS:
-            from attnlab.errors import AttnlabError
-
             raise AttnlabError(f"ATTNLAB_KERNEL_ISA: expected one of {ISAS}, got {forced!r}")
         return forced
     return runnable()[0]
@@ -139,17 +144,17 @@ def _names(isa: str) -> tuple[str, str]:
 
 def load(isa: str):
     """The torch.ops namespace of the `isa` build, building it first if needed. Raises
-    RuntimeError with the reason when it cannot be had."""
+    KernelUnavailable with the reason when it cannot be had."""
     with _LOAD_LOCK:
         if isa in _LOADED:
             return _LOADED[isa]
         if isa in _FAILED:
-            raise RuntimeError(_FAILED[isa])
+            raise KernelUnavailable(_FAILED[isa])
         try:
             ops = _load(isa)
         except Exception as e:  # a build can fail in many ways; each leaves the PyTorch path
             _FAILED[isa] = _why(e)
-            raise RuntimeError(_FAILED[isa]) from None
+            raise KernelUnavailable(_FAILED[isa]) from None
         _LOADED[isa] = ops
         return ops
 
@@ -165,7 +170,7 @@ def _load(isa: str):
     import torch
 
     if isa not in runnable():
-        raise RuntimeError(f"this CPU cannot run the {isa} build (it lacks "
+        raise KernelUnavailable(f"this CPU cannot run the {isa} build (it lacks "
                            f"{', '.join(sorted(ISA_NEEDS[isa] - cpu_flags()))})")
     name, ns = _names(isa)
     final = cache_root() / build_key(isa)
@@ -180,7 +185,7 @@ def _load(isa: str):
 def _build(isa: str, name: str, ns: str, final: Path) -> None:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
-        raise RuntimeError(f"no C++ compiler: {cxx!r} is not on PATH (install g++ or set CXX)")
+        raise KernelUnavailable(f"no C++ compiler: {cxx!r} is not on PATH (install g++ or set CXX)")
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f"{final.name}.lock"):
@@ -225,7 +230,7 @@ def _ninja_on_path():
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + old
     except ImportError:
         if shutil.which("ninja") is None:
-            raise RuntimeError("the ninja build tool is missing: pip install ninja") from None
+            raise KernelUnavailable("the ninja build tool is missing: pip install ninja") from None
     try:
         yield
     finally:
@@ -248,7 +253,7 @@ def _locked(path: Path):
                 break
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    raise RuntimeError(f"could not lock {path} for the kernel build") from e
+                    raise KernelUnavailable(f"could not lock {path} for the kernel build") from e
                 time.sleep(0.2)
         try:
             yield

@@ -15,7 +15,7 @@ def _ops(isa: str | None):
     ops = build.get(isa)
     if ops is None:
         st = build.status()
-        raise RuntimeError(f"the interval kernel is not available: {st.reason}")
+        raise build.KernelUnavailable(f"the interval kernel is not available: {st.reason}")
     return ops
 
 
@@ -27,7 +27,8 @@ BWD_MODES = {"": 0, "fused": 1, "split": 2}
 def _bwd_mode() -> int:
     mode = os.environ.get("ATTNLAB_KERNEL_BWD", "").strip().lower()
     if mode not in BWD_MODES:
-        raise RuntimeError(f"ATTNLAB_KERNEL_BWD: expected fused, split or unset, got {mode!r}")
+        raise build.KernelUnavailable("ATTNLAB_KERNEL_BWD: expected fused, split or unset, "
+                                      f"got {mode!r}")
     return BWD_MODES[mode]
 
 
