@@ -85,3 +85,18 @@ def qkv(B, H, Hkv, L, S, D, Dv=None, dtype=torch.float32, seed=0, requires_grad=
         for t in (q, k, v):
             t.requires_grad_(True)
     return q, k, v
+
+
+def tiles_from_dense(dense, bq, bk):
+    """int8 (B, H, ceil(L/bq), ceil(S/bk)) tile classes of a dense bool (B, H, L, S) mask, tile by
+    tile: the oracle of every mask's `tiles`."""
+    from attnlab.masks import EMPTY, FULL, PARTIAL
+
+    B, H, L, S = dense.shape
+    out = torch.empty(B, H, -(-L // bq), -(-S // bk), dtype=torch.int8)
+    for a in range(out.shape[2]):
+        for c in range(out.shape[3]):
+            t = dense[:, :, a * bq:(a + 1) * bq, c * bk:(c + 1) * bk]
+            out[:, :, a, c] = torch.where(t.all(-1).all(-1), FULL,
+                                          torch.where(t.any(-1).any(-1), PARTIAL, EMPTY))
+    return out

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from attnlab import AttnlabError, masks
-from attnlab.masks import EMPTY, FULL, PARTIAL
+from attnlab.masks import EMPTY, FULL
+
+from helpers import tiles_from_dense
 
 KINDS = {
     "window_tl": lambda: masks.window(3, 2),
@@ -20,17 +22,6 @@ KINDS = {
     "block_local": lambda: masks.block_diagonal([6, 6, 5], [8, 2, 10], left=2, right=1),
 }
 L, S = 17, 23
-
-
-def tiles_from_dense(dense, bq, bk):
-    B, H, n, m = dense.shape
-    out = torch.empty(B, H, -(-n // bq), -(-m // bk), dtype=torch.int8)
-    for a in range(out.shape[2]):
-        for c in range(out.shape[3]):
-            t = dense[:, :, a * bq:(a + 1) * bq, c * bk:(c + 1) * bk]
-            out[:, :, a, c] = torch.where(t.all(-1).all(-1), FULL,
-                                          torch.where(t.any(-1).any(-1), PARTIAL, EMPTY))
-    return out
 
 
 @pytest.mark.parametrize("name", list(KINDS))

@@ -9,7 +9,9 @@ import torch
 
 import attnlab
 from attnlab import AttnlabError, masks
-from attnlab.masks import EMPTY, FULL, PARTIAL
+from attnlab.masks import EMPTY, FULL
+
+from helpers import tiles_from_dense
 
 DOCS = torch.tensor([0] * 7 + [1] * 12 + [2] * 3 + [3] * 9)  # 31 positions
 
@@ -46,17 +48,6 @@ def brute(fn, B, H, n, m):
     return torch.tensor([[[[bool(fn(torch.tensor(b), torch.tensor(h), torch.tensor(i),
                                      torch.tensor(j))) for j in range(m)] for i in range(n)]
                           for h in range(H)] for b in range(B)])
-
-
-def tiles_from_dense(dense, bq, bk):
-    B, H, n, m = dense.shape
-    out = torch.empty(B, H, -(-n // bq), -(-m // bk), dtype=torch.int8)
-    for a in range(out.shape[2]):
-        for c in range(out.shape[3]):
-            t = dense[:, :, a * bq:(a + 1) * bq, c * bk:(c + 1) * bk]
-            out[:, :, a, c] = torch.where(t.all(-1).all(-1), FULL,
-                                          torch.where(t.any(-1).any(-1), PARTIAL, EMPTY))
-    return out
 
 
 @pytest.mark.parametrize("name", list(FUNCS))

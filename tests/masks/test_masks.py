@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from attnlab import AttnlabError, masks
-from attnlab.masks import EMPTY, FULL, PARTIAL
+from attnlab.masks import EMPTY, FULL
+
+from helpers import tiles_from_dense
 
 
 def brute(fn, B, L, S):
@@ -57,17 +59,6 @@ def test_rectangular(name, L, S):
     make, fn = CASES[name]
     want = brute(lambda b, i, j: fn(b, i, j, L, S), 1, L, S)
     assert torch.equal(make().to_dense(L, S), want)
-
-
-def tiles_from_dense(dense, bq, bk):
-    B, H, L, S = dense.shape
-    out = torch.empty(B, H, -(-L // bq), -(-S // bk), dtype=torch.int8)
-    for a in range(out.shape[2]):
-        for c in range(out.shape[3]):
-            t = dense[:, :, a * bq:(a + 1) * bq, c * bk:(c + 1) * bk]
-            out[:, :, a, c] = torch.where(t.all(-1).all(-1), FULL,
-                                          torch.where(t.any(-1).any(-1), PARTIAL, EMPTY))
-    return out
 
 
 EXACT = {"causal_tl", "causal_br", "sliding_5", "sliding_br", "padding", "padding_keys",

@@ -66,12 +66,7 @@ def clean_queries(p: Problem) -> tuple[Problem, torch.Tensor | None]:
 def poison_queries(p: Problem, bad_q: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor | None):
     """out, lse with NaN in every row of `bad_q` (..., H, L) that may attend some key."""
-    rows = bad_q & live_rows(p, bad_q)
-    nan = torch.tensor(float("nan"), dtype=out.dtype, device=out.device)
-    out = torch.where(rows[..., None], nan, out)
-    if lse is not None:
-        lse = torch.where(rows, float("nan"), lse)
-    return out, lse
+    return nan_rows(bad_q & live_rows(p, bad_q), out, lse)
 
 
 def live_rows(p: Problem, bad_q: torch.Tensor) -> torch.Tensor:
@@ -91,7 +86,11 @@ def live_rows(p: Problem, bad_q: torch.Tensor) -> torch.Tensor:
 
 def poison(p: Problem, bad: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None):
     """out, lse with NaN in every row that may attend a position of `bad` (..., Hkv, S)."""
-    rows = poisoned_rows(p, bad)  # bool, broadcastable to (..., H, L)
+    return nan_rows(poisoned_rows(p, bad), out, lse)
+
+
+def nan_rows(rows: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None):
+    """out, lse with NaN in the rows marked in `rows` (bool, broadcastable to (..., H, L))."""
     nan = torch.tensor(float("nan"), dtype=out.dtype, device=out.device)
     out = torch.where(rows[..., None], nan, out)
     if lse is not None:

@@ -23,6 +23,7 @@ import weakref
 
 import torch
 
+from attnlab.ops.nonfinite import nan_rows
 from attnlab.ops.problem import Problem
 
 #: mask entries (rows × keys × mask batch·heads) evaluated at a time when a mask has no intervals
@@ -42,11 +43,7 @@ def clean(p: Problem) -> tuple[Problem, torch.Tensor | None]:
 
 def poison(p: Problem, bad: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None):
     """out, lse with NaN in every row that may attend a position of `bad` (..., Hkv, S)."""
-    rows = poisoned_rows(p, bad)  # bool, broadcastable to (..., H, L)
-    out = torch.where(rows[..., None], float("nan"), out)
-    if lse is not None:
-        lse = torch.where(rows, float("nan"), lse)
-    return out, lse
+    return nan_rows(poisoned_rows(p, bad), out, lse)
 
 
 def poisoned_rows(p: Problem, bad: torch.Tensor) -> torch.Tensor:
