@@ -38,7 +38,7 @@ from attnlab.errors import AttnlabError
 ISAS = ("avx512", "avx2", "scalar")
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp")
-HEADERS = ("interval.h", "tiles.h", "vec.h")
+HEADERS = ("interval.h", "pool.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
     "avx512": [*_X86, "-mavx2", "-mfma", "-DATTNLAB_AVX512"],

@@ -9,6 +9,21 @@ namespace attnlab_k {
 
 int lanes() { return W; }
 
+double fma_loop(int64_t iters) {
+  // enough independent chains to cover two FMA pipes' latency, few enough to stay in registers
+  constexpr int N = W == 16 ? 16 : 12;
+  vf acc[N];
+  const vf a = vset(0.999f), b = vset(1e-7f);
+  for (int t = 0; t < N; ++t) acc[t] = vset(1.0f + t);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int t = 0; t < N; ++t) acc[t] = vfma(acc[t], a, b);
+  vf s = vzero();
+  for (int t = 0; t < N; ++t) s = vadd(s, acc[t]);
+  static volatile float sink;
+  sink = hsum(s);
+  return 2.0 * W * N * (double)iters;
+}
+
 Panels make_panels(const Problem& pr) {
   Panels pn;
   pn.Bl = pr.Bl;
@@ -95,15 +110,19 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
     return;
   }
   const int klo = pn.klo[at], khi = pn.khi[at], ng = (nr + RQ - 1) / RQ;
-  float* Qs = scratch;                 // (BQ, D): q, packed once
-  float* O = Qs + BQ * D;              // (BQ, ldv): running output
+  float* Qp = scratch;                 // (BQ, D): the last panel's q, padded to whole groups
+  float* O = Qp + BQ * D;              // (BQ, ldv): running output
   float* Sb = O + (int64_t)BQ * ldv;   // (RQ, BK): one group's scores, then P
   float* m = Sb + RQ * BK;             // (BQ,) running max
   float* l = m + BQ;                   // (BQ,) running sum
   float* alpha = l + BQ;               // (RQ,)
   const float* q = pr.q + (bh * L + i0) * D;
-  std::copy(q, q + (int64_t)nr * D, Qs);
-  zero_span(Qs + nr * D, (ng * RQ - nr) * D);
+  const float* Qs = q;  // whole groups are read in place
+  if (nr % RQ) {
+    std::copy(q, q + (int64_t)nr * D, Qp);
+    zero_span(Qp + nr * D, (ng * RQ - nr) * D);
+    Qs = Qp;
+  }
   zero_span(O, ng * RQ * ldv);
   std::fill(m, m + BQ, NEG_INF);
   std::fill(l, l + BQ, 0.0f);
@@ -146,13 +165,18 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
     float* o = o_out + r * Dv;
     if (l[r] > 0.0f) {
       const float inv = 1.0f / l[r];
-      for (int c = 0; c < Dv; ++c) o[c] = O[r * ldv + c] * inv;
+      if (pr.stream_out) {  // whole aligned vectors, written past the caches
+        for (int c = 0; c < Dv; c += W) vstream(o + c, vmul(vload(O + r * ldv + c), vset(inv)));
+      } else {
+        for (int c = 0; c < Dv; ++c) o[c] = O[r * ldv + c] * inv;
+      }
       l_out[r] = m[r] + std::log(l[r]);
     } else {
       zero_span(o, Dv);
       l_out[r] = NEG_INF;
     }
   }
+  if (pr.stream_out) vfence();
 }
 
 }  // namespace attnlab_k

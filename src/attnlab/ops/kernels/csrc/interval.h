@@ -11,7 +11,7 @@ namespace attnlab_k {
 
 constexpr int RQ = 4;    // query rows of one register block (a "group")
 constexpr int BQ = 64;   // query rows of one forward / dQ work item (a "panel"): 16 groups
-constexpr int BK = 256;  // key columns of one forward / dQ step
+constexpr int BK = 512;  // key columns of one forward / dQ step
 constexpr int KP = 64;   // keys of one dK/dV work item
 constexpr int PAD = 16;  // kt/vt columns and k/v rows are padded to multiples of this
 
@@ -32,6 +32,7 @@ struct Problem {
   float scale, softcap;   // softcap 0: none
   int pos_off;            // global position of key 0 minus that of query row 0
   int Bl, Hl;             // batch and head sizes of lo/hi (1 or B, 1 or H)
+  bool stream_out;        // forward: out rows are whole aligned vectors, written past the caches
 };
 
 // Each query panel's union of key intervals, per (b|1, h|1) of lo/hi: [klo, khi) and live rows.
@@ -45,6 +46,7 @@ struct Panels {
 
 Panels make_panels(const Problem& pr);
 int lanes();  // floats per SIMD vector of this build
+double fma_loop(int64_t iters);  // iters rounds of independent FMAs on registers; returns flops
 
 // forward: item = (b·H + h)·P + panel; out (B, H, L, Dv), lse (B, H, L)
 size_t fwd_scratch(const Problem& pr);

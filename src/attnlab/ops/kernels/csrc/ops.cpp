@@ -19,11 +19,10 @@
 #include <tuple>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "interval.h"
+#include "pool.h"
+#include "vec.h"
 
 using at::Tensor;
 using namespace attnlab_k;
@@ -91,22 +90,13 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   return pr;
 }
 
-// at::empty, with the 2 MiB-aligned inside of a large result advised to transparent huge pages
-// before anything touches it: the first touch of fresh memory costs a page fault per 4 KiB
-// (32 MiB: ~12 ms, more than a tenth of a forward at 16k); huge pages take ~2.5 ms. Advice
-// only: where the kernel ignores it nothing changes
+// a result this large is written past the caches (streaming stores): it would not stay in them,
+// and a cached store first reads every line it writes (transposing 32 MiB of keys: 5 ms -> 1.3)
+constexpr int64_t STREAM_BYTES = int64_t(8) << 20;
+
+// every large result and temporary comes from the pool (pool.h), advised to huge pages
 Tensor empty_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
-  Tensor t = at::empty(sizes, opts);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t HP = uintptr_t(2) << 20;
-  const size_t bytes = t.numel() * t.element_size();
-  if (bytes >= 4 * HP) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(t.data_ptr());
-    const uintptr_t a = (p + HP - 1) & ~(HP - 1), e = (p + bytes) & ~(HP - 1);
-    if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
-  }
-#endif
-  return t;
+  return pooled_empty(sizes, opts);
 }
 
 Tensor zeros_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
@@ -176,12 +166,14 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& 
                                const Tensor& lo, const Tensor& hi,
                                const std::optional<Tensor>& slopes, double scale, double softcap,
                                int64_t pos_off, int64_t Dv) {
-  const Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
+  Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
   Tensor out = empty_big({pr.B, pr.H, pr.L, pr.Dv}, q.options());
   Tensor lse = at::empty({pr.B, pr.H, pr.L}, q.options());
   const Panels pn = make_panels(pr);
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
+  pr.stream_out = out.numel() * 4 >= STREAM_BYTES && pr.Dv % lanes() == 0 &&
+                  reinterpret_cast<uintptr_t>(o) % 64 == 0;
   run_items(by_cost(query_costs(pr, pn)), fwd_scratch(pr),
             [&](int64_t item, float* buf) { fwd_item(pr, pn, item, o, l, buf); });
   return {out, lse};
@@ -206,9 +198,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
               "dout, lse, delta: one row per query");
   pr.k = k.data_ptr<float>();
   pr.vt = vt.data_ptr<float>();
-  Tensor dq = at::empty({pr.B, pr.H, pr.L, pr.D}, q.options());
-  Tensor dk = at::empty({pr.B, pr.Hkv, pr.S, pr.D}, q.options());
-  Tensor dv = at::empty({pr.B, pr.Hkv, pr.S, pr.Dv}, q.options());
+  Tensor dq = empty_big({pr.B, pr.H, pr.L, pr.D}, q.options());
+  Tensor dk = empty_big({pr.B, pr.Hkv, pr.S, pr.D}, q.options());
+  Tensor dv = empty_big({pr.B, pr.Hkv, pr.S, pr.Dv}, q.options());
   const Panels pn = make_panels(pr);
   const float* pl = lse.data_ptr<float>();
   const float* pd = delta.data_ptr<float>();
@@ -236,7 +228,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
   const int64_t T = at::get_num_threads(), nkv = (int64_t)pr.B * pr.Hkv;
   if (mode == 1 || (mode == 0 && (T == 1 || nkv >= 2 * T))) {
     const int64_t Lp = (int64_t)pn.P * BQ, ldk = pr.ldk;
-    Tensor acc = at::zeros({pr.B, pr.H, Lp, ldk}, q.options());  // (B, H, P·BQ, ldk)
+    Tensor acc = zeros_big({pr.B, pr.H, Lp, ldk}, q.options());  // (B, H, P·BQ, ldk)
     float* pa = acc.data_ptr<float>();
     std::vector<double> hcost(nkv, 0.0);
     for (int64_t i = 0; i < (int64_t)kcost.size(); ++i) hcost[i / nkp] += kcost[i];
@@ -263,32 +255,47 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
 }
 
 // (B, Hkv, S, n) -> (B, Hkv, S16/PAD, n, PAD): Kᵀ in chunks of PAD keys, zero keys past S
-// (tiles.h: chunked). A plain loop: PyTorch's strided copy of the same runs ~6x slower.
+// (tiles.h: chunked); whole chunks as blocks transposed in registers, in parallel over runs of
+// chunks.
+// (PyTorch's strided copy of the same runs ~6x slower than even a plain loop.)
 Tensor keys_last(const Tensor& x) {
   expect(x, "x", 4);
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
   const int64_t BH = x.size(0) * x.size(1), S = x.size(2), n = x.size(3);
-  const int64_t nc = (S + PAD - 1) / PAD;
+  const int64_t nc = (S + PAD - 1) / PAD, per = 64;  // chunks per work item
+  const int64_t runs = (nc + per - 1) / per;
   Tensor out = empty_big({x.size(0), x.size(1), nc, n, PAD}, x.options());
   const float* src = x.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  for (int64_t bh = 0; bh < BH; ++bh)
-    for (int64_t c = 0; c < nc; ++c) {
+  const bool stream = x.numel() * 4 >= STREAM_BYTES &&
+                      reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+  std::vector<int64_t> order(BH * runs);
+  std::iota(order.begin(), order.end(), 0);
+  run_items(order, 0, [&](int64_t item, float*) {
+    const int64_t bh = item / runs, c1 = std::min(nc, (item % runs + 1) * per);
+    for (int64_t c = (item % runs) * per; c < c1; ++c) {
       const float* xs = src + (bh * S + c * PAD) * n;  // PAD rows of n
       float* o = dst + (bh * nc + c) * n * PAD;        // (n, PAD)
       const int64_t rows = std::min<int64_t>(PAD, S - c * PAD);
+      if (c + 2 < c1)  // the chunk after next: its lines arrive while these are transposed
+        for (int64_t l = 0; l < PAD * n; l += 16) __builtin_prefetch(xs + 2 * PAD * n + l);
       if (rows == PAD) {
-        for (int64_t d = 0; d < n; ++d)
-          for (int t = 0; t < PAD; ++t) o[d * PAD + t] = xs[t * n + d];
+        transpose_rows16(xs, n, o, stream);
       } else {
         for (int64_t d = 0; d < n; ++d)
           for (int t = 0; t < PAD; ++t) o[d * PAD + t] = t < rows ? xs[t * n + d] : 0.0f;
       }
     }
+    vfence();
+  });
   return out;
 }
 
 int64_t simd_width() { return lanes(); }
+
+// The FMA ceiling of one core for this build: `iters` rounds of independent multiply-adds on
+// registers (no memory), what a perfectly fed GEMM would do; returns the flops, the caller times it
+double fma_ceiling(int64_t iters) { return fma_loop(iters); }
 
 }  // namespace
 
@@ -301,4 +308,5 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
   m.def("keys_last(Tensor x) -> Tensor", &keys_last);
   m.def("simd_width() -> int", &simd_width);
+  m.def("fma_ceiling(int iters) -> float", &fma_ceiling);
 }

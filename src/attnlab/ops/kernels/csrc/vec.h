@@ -2,6 +2,7 @@
 // ATTNLAB_AVX512 (-mavx512f -mavx512dq ...), ATTNLAB_AVX2 (-mavx2 -mfma), or neither (scalar).
 // Everything else (kernel.h) is written once against these names.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,12 +16,19 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 // exp(x) below this is flushed to exact 0: no denormals ever enter the FMA pipes
 constexpr float EXP_FLOOR = -87.3f;
 
+#if defined(ATTNLAB_AVX512) || defined(ATTNLAB_AVX2)
+static inline void vfence() { _mm_sfence(); }  // orders streamed stores before later ones
+#else
+static inline void vfence() {}
+#endif
+
 #if defined(ATTNLAB_AVX512)
 constexpr int W = 16;
 typedef __m512 vf;
 static inline vf vzero() { return _mm512_setzero_ps(); }
 static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
 static inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+static inline void vstream(float* p, vf x) { _mm512_stream_ps(p, x); }  // p 64-byte aligned
 static inline vf vset(float x) { return _mm512_set1_ps(x); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -54,6 +62,42 @@ static inline vf vmask(vf s, int j0, int lo, int hi) {
 }
 // float(d0 + t): the ALiBi distance j - i of lane t
 static inline vf vrel(int d0) { return _mm512_cvtepi32_ps(viota(d0)); }
+// o[d·16 + t] = x[t·n + d] for 16 rows t of n columns d: 16 x 16 blocks transposed in registers
+static inline void transpose16(vf r[16]) {
+  vf t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+  }
+}
+// (stream: o is 64-byte aligned and written past the caches, for results larger than they are;
+// the caller fences with vfence before another thread reads them)
+static inline void transpose_rows16(const float* x, int64_t n, float* o, bool stream) {
+  vf r[16];
+  for (int64_t d0 = 0; d0 < n; d0 += 16) {
+    const int w = (int)std::min<int64_t>(16, n - d0);
+    const __mmask16 k = (__mmask16)((1u << w) - 1);
+    for (int t = 0; t < 16; ++t) r[t] = _mm512_maskz_loadu_ps(k, x + t * n + d0);
+    transpose16(r);
+    for (int i = 0; i < w; ++i)
+      stream ? _mm512_stream_ps(o + (d0 + i) * 16, r[i]) : vstore(o + (d0 + i) * 16, r[i]);
+  }
+}
 static inline vf vexp(vf x) {
   __mmask16 keep = _mm512_cmp_ps_mask(x, vset(EXP_FLOOR), _CMP_GE_OQ);
   x = _mm512_min_ps(_mm512_max_ps(x, vset(EXP_FLOOR)), vset(88.3f));
@@ -78,6 +122,7 @@ typedef __m256 vf;
 static inline vf vzero() { return _mm256_setzero_ps(); }
 static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
 static inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
+static inline void vstream(float* p, vf x) { _mm256_stream_ps(p, x); }  // p 32-byte aligned
 static inline vf vset(float x) { return _mm256_set1_ps(x); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
@@ -114,6 +159,38 @@ static inline vf vmask(vf s, int j0, int lo, int hi) {
   return _mm256_blendv_ps(vset(NEG_INF), s, _mm256_castsi256_ps(in));
 }
 static inline vf vrel(int d0) { return _mm256_cvtepi32_ps(viota(d0)); }
+static inline void transpose8(vf r[8]) {
+  vf t[8], s[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(s[j], s[4 + j], 0x20);
+    r[4 + j] = _mm256_permute2f128_ps(s[j], s[4 + j], 0x31);
+  }
+}
+// o[d·16 + t] = x[t·n + d] for 16 rows t of n columns d: 8 x 8 blocks, the columns past the
+// last whole block one by one
+static inline void transpose_rows16(const float* x, int64_t n, float* o, bool stream) {
+  vf r[8];
+  const int64_t whole = n / 8 * 8;
+  for (int h = 0; h < 16; h += 8)
+    for (int64_t d0 = 0; d0 < whole; d0 += 8) {
+      for (int t = 0; t < 8; ++t) r[t] = vload(x + (h + t) * n + d0);
+      transpose8(r);
+      for (int i = 0; i < 8; ++i)
+        stream ? _mm256_stream_ps(o + (d0 + i) * 16 + h, r[i]) : vstore(o + (d0 + i) * 16 + h, r[i]);
+    }
+  for (int64_t d = whole; d < n; ++d)
+    for (int t = 0; t < 16; ++t) o[d * 16 + t] = x[t * n + d];
+}
 static inline vf vexp(vf x) {
   vf keep = _mm256_cmp_ps(x, vset(EXP_FLOOR), _CMP_GE_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, vset(EXP_FLOOR)), vset(88.3f));
@@ -138,6 +215,7 @@ typedef float vf;
 static inline vf vzero() { return 0.0f; }
 static inline vf vload(const float* p) { return *p; }
 static inline void vstore(float* p, vf x) { *p = x; }
+static inline void vstream(float* p, vf x) { *p = x; }
 static inline vf vset(float x) { return x; }
 static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }  // std::fma is a libm call here
 static inline vf vadd(vf a, vf b) { return a + b; }
@@ -152,6 +230,10 @@ static inline vf vcopysign(vf mag, vf s) { return std::copysign(mag, s); }
 static inline vf vsel_lt(vf a, vf b, vf x, vf y) { return a < b ? x : y; }
 static inline vf vmask(vf s, int j0, int lo, int hi) { return (j0 >= lo && j0 < hi) ? s : NEG_INF; }
 static inline vf vrel(int d0) { return static_cast<float>(d0); }
+static inline void transpose_rows16(const float* x, int64_t n, float* o, bool) {
+  for (int64_t d = 0; d < n; ++d)
+    for (int t = 0; t < 16; ++t) o[d * 16 + t] = x[t * n + d];
+}
 static inline vf vexp(vf x) { return x >= EXP_FLOOR ? std::exp(x) : 0.0f; }
 #endif
 

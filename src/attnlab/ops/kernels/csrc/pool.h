@@ -1,0 +1,120 @@
+// Large buffers of the kernel (its outputs, Kᵀ and Vᵀ, the dQ accumulator) come from a small cache
+// of freed blocks. Without it each large tensor is fresh memory from the OS (glibc maps blocks of
+// 32 MiB and more anew and unmaps them on free), and the first touch of fresh memory costs a page
+// fault and a zeroing per page: 32 MiB take 3-6 ms, a tenth of a window forward at 16k. A loop
+// over layers and steps asks for the same sizes again and again, so freed blocks serve the next
+// call. Only freed blocks are kept, at most POOL_BYTES of them; a block serves a request of 3/4 of
+// its size or more. ATTNLAB_KERNEL_POOL=0 turns the cache off (every block is returned at once).
+#pragma once
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace attnlab_k {
+
+constexpr size_t POOL_MIN = size_t(4) << 20;    // smaller blocks are glibc's (it reuses them)
+constexpr size_t POOL_BYTES = size_t(512) << 20;  // freed bytes kept at most
+constexpr size_t HUGE_PAGE = size_t(2) << 20;
+
+class Pool final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    void* p = take(n);
+    return {p, p, &Pool::give_back, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &Pool::give_back; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  // the one pool of the library; never destroyed, since tensors may outlive static destructors
+  static Pool& get() {
+    static Pool* pool = new Pool();
+    return *pool;
+  }
+  size_t cached_bytes() {
+    std::lock_guard<std::mutex> g(mu_);
+    return free_bytes_;
+  }
+
+ private:
+  Pool() {
+    const char* e = std::getenv("ATTNLAB_KERNEL_POOL");
+    enabled_ = !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0));
+  }
+
+  void* take(size_t n) {
+    const size_t want = (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it)  // the smallest block that fits
+        if (it->second >= want && it->second / 4 * 3 <= want &&
+            (best == free_.end() || it->second < best->second))
+          best = it;
+      if (best != free_.end()) {
+        void* p = best->first;
+        free_bytes_ -= best->second;
+        free_.erase(best);
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(HUGE_PAGE, want);  // whole huge pages
+    if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, want, MADV_HUGEPAGE);  // advice only: where it is ignored nothing changes
+#endif
+    std::lock_guard<std::mutex> g(mu_);
+    size_[p] = want;
+    return p;
+  }
+
+  static void give_back(void* p) {
+    if (!p) return;
+    Pool& pool = get();
+    std::lock_guard<std::mutex> g(pool.mu_);
+    const size_t n = pool.size_.at(p);
+    if (!pool.enabled_ || n > POOL_BYTES) {
+      pool.size_.erase(p);
+      std::free(p);
+      return;
+    }
+    pool.free_.emplace_front(p, n);  // most recent first; the oldest leave first
+    pool.free_bytes_ += n;
+    while (pool.free_bytes_ > POOL_BYTES) {
+      auto& [q, m] = pool.free_.back();
+      pool.free_bytes_ -= m;
+      pool.size_.erase(q);
+      std::free(q);
+      pool.free_.pop_back();
+    }
+  }
+
+  std::mutex mu_;
+  bool enabled_ = true;
+  std::list<std::pair<void*, size_t>> free_;  // freed blocks, most recent first
+  std::unordered_map<void*, size_t> size_;     // every live or freed block: its size
+  size_t free_bytes_ = 0;
+};
+
+// at::empty, with tensors of POOL_MIN bytes or more from the pool
+inline at::Tensor pooled_empty(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  if ((size_t)n * opts.dtype().itemsize() < POOL_MIN) return at::empty(sizes, opts);
+  return at::detail::empty_generic(sizes, &Pool::get(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   c10::typeMetaToScalarType(opts.dtype()), std::nullopt);
+}
+
+}  // namespace attnlab_k
