@@ -7,6 +7,7 @@ of time waiting on communication, and peak memory per rank.
     .venv/bin/python benchmarks/distributed.py --L 16384 --mask sliding:512 document:8 causal \
         --strategies ring                                  # the window / document / causal tables
     .venv/bin/python benchmarks/distributed.py --auto --L 8192 --world 2   # does auto pick well?
+    .venv/bin/python benchmarks/distributed.py --memory --L 32768 --heads 4 --world 2
 
 Each (P, strategy) runs in fresh processes, so the peak resident memory each rank adds while it
 runs one forward + backward (ru_maxrss after the inputs exist, minus before) is comparable with
@@ -165,9 +166,19 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--strategies", nargs="+", default=["ring", "allgather", "ulysses"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--memory", action="store_true", help="the memory table instead: what a "
+                    "causal fwd+bwd adds per rank, one process vs each strategy at each P "
+                    "(benchmarks/distributed_memory.py)")
     ap.add_argument("--auto", action="store_true", help="the auto table instead: each strategy "
                     "measured and auto's pick on a calibration (benchmarks/distributed_auto.py)")
     a = ap.parse_args(argv)
+    if a.memory:
+        from distributed_memory import memory_table
+
+        for P in a.world:
+            if P > 1:
+                memory_table(a.L, a.heads, a.head_dim, P)
+        return 0
     if a.auto:
         from distributed_auto import auto_table
 

@@ -19,7 +19,7 @@ import torch
 
 from attnlab.distributed import comm, keyed
 from attnlab.distributed.blockmask import BlockOf
-from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward, merge
+from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward, merge_into
 from attnlab.distributed.geometry import Geometry, _tiles_exact
 from attnlab.distributed.layouts import Piece
 from attnlab.masks import EMPTY, FULL, PARTIAL
@@ -130,11 +130,26 @@ def keep(c: Call, q: torch.Tensor, qi: int, rows: slice, kp: Piece, head0: int =
                            kp.positions)
 
 
-def start_state(c: Call, q: torch.Tensor, Dv: int):
-    """Per query piece: (out (B, H, Lp, Dv), lse (B, H, Lp)) of nothing seen yet."""
-    B, H = q.shape[:2]
-    return [(q.new_zeros(B, H, p.length, Dv, dtype=c.acc),
-             q.new_full((B, H, p.length), float("-inf"), dtype=c.acc)) for p in c.q_pieces]
+@dataclass
+class State:
+    """A forward's running result: out (B, H, L_local, Dv) and lse (B, H, L_local) in the acc
+    dtype, and per query piece the views of its rows (`state[qi]`), merged into in place."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    views: list
+
+    def __getitem__(self, qi: int):
+        return self.views[qi]
+
+
+def start_state(c: Call, q: torch.Tensor, Dv: int) -> State:
+    """The State of nothing seen yet: out 0, lse −inf."""
+    B, H, n = q.shape[:3]
+    out = q.new_zeros(B, H, n, Dv, dtype=c.acc)
+    lse = q.new_full((B, H, n), float("-inf"), dtype=c.acc)
+    return State(out, lse, [(out[:, :, p.start:p.start + p.length],
+                             lse[:, :, p.start:p.start + p.length]) for p in c.q_pieces])
 
 
 def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) -> None:
@@ -161,24 +176,13 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
             o, l = dispatch.run("auto", p, need_lse=True, clean_always=c.geom.mask is not None)
         out, lse = state[qi]
         sl = _local(c, qi, rows)
-        out[:, :, sl], lse[:, :, sl] = merge(out[:, :, sl], lse[:, :, sl], o, l)
-
-
-def finish_state(c: Call, state, q: torch.Tensor, Dv: int):
-    """out (B, H, L_local, Dv) in acc dtype and lse (B, H, L_local), rows in local order."""
-    B, H, n = q.shape[:3]
-    out = q.new_zeros(B, H, n, Dv, dtype=c.acc)
-    lse = q.new_full((B, H, n), float("-inf"), dtype=c.acc)
-    for (o, l), p in zip(state, c.q_pieces):
-        out[:, :, p.start:p.start + p.length] = o
-        lse[:, :, p.start:p.start + p.length] = l
-    return out, lse
+        merge_into(out[:, :, sl], lse[:, :, sl], o, l)
 
 
 def finish_forward(ctx, c: Call, state, q, k, v):
     """End a strategy's forward: keep (q, k, v, out, lse) for its backward (nothing of size S),
     return (out in q's dtype, lse)."""
-    out, lse = finish_state(c, state, q, v.shape[-1])
+    out, lse = state.out, state.lse
     ctx.c = c
     ctx.save_for_backward(q, k, v, out, lse)
     return out.to(q.dtype), lse
@@ -213,30 +217,98 @@ def _finite_rows(x: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(bad, 0.0)
 
 
-def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece]):
+def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece],
+                   reuse: bool = False):
     """Add this block's dq into dq_acc; return (dk, dv) (B, Hkv, rows of k_buf, D|Dv), acc dtype.
 
     `saved` = (q_acc, out_acc, lse, dout_acc, dlse), each over this rank's local rows.
+    reuse: (k_buf, v_buf) are a received block of this call, dead once its gradients exist: when
+    they hold the acc dtype, the gradient of each (key piece, head group) is written over its
+    own rows as soon as it is complete, and (k_buf, v_buf) are returned as (dk, dv) — no second
+    block-sized buffer.
     """
-    q_acc, out, lse, dout, dlse = saved
+    if reuse and k_buf.dtype == c.acc and v_buf.dtype == c.acc:
+        for kp in k_pieces:
+            _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(k_buf, kp), _rows(v_buf, kp),
+                         overwrite=True)
+        return k_buf, v_buf
     dk = torch.zeros(k_buf.shape, dtype=c.acc, device=k_buf.device)
     dv = torch.zeros(v_buf.shape, dtype=c.acc, device=v_buf.device)
-    for qi, r, kp, allowed in c.pairs(k_pieces, q_acc):
-        causal = allowed is CAUSAL
-        kb, vb, bad = _clean_keys(c, _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc))
-        blk = (q_acc[:, :, r], kb, vb, None if causal else allowed, c.scale, c.softcap)
-        grads = (out[:, :, r], lse[:, :, r], dout[:, :, r], dlse[:, :, r])
-        if c.dropout_p > 0:  # the forward's mask again, from the same positions
-            dq_b, dk_b, dv_b = dropout_backward(*blk, keep(c, q_acc, qi, r, kp), c.dropout_p,
-                                                *grads)
-        else:
-            dq_b, dk_b, dv_b = block_backward(*blk, *grads, is_causal=causal)
-        if bad is not None:  # one process: the cleaned copy of a poisoned position takes them
-            dk_b, dv_b = dk_b.masked_fill(bad, 0.0), dv_b.masked_fill(bad, 0.0)
-        dq_acc[:, :, r].add_(dq_b)
-        _rows(dk, kp).add_(dk_b)
-        _rows(dv, kp).add_(dv_b)
+    for kp in k_pieces:
+        _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(dk, kp), _rows(dv, kp))
     return dk, dv
+
+
+def _piece_grads(c: Call, saved, dq_acc, k_buf, v_buf, kp: Piece, dk_to, dv_to,
+                 overwrite: bool = False) -> None:
+    """The gradients of key piece kp summed over the query rows that may attend it, added into
+    dk_to, dv_to (B, Hkv, kp.length, D|Dv) (overwrite: written over them, zeros where no row
+    may attend), dq into dq_acc.
+
+    A large block runs one key/value head (and its query heads) at a time (`head_groups`): with
+    B = 1 a head's rows are contiguous, so the kernel copies none of q, k, v, out, dout, and
+    its outputs are one head's: the transient memory of a call falls by Hkv."""
+    q_acc = saved[0]
+    pairs = list(c.pairs([kp], q_acc))
+    for hq, hk in head_groups(c, q_acc, k_buf.shape[1], kp.length, pairs):
+        dk = dv = None
+        for qi, r, _, allowed in pairs:
+            dk_b, dv_b = _pair_grads(c, saved, dq_acc, k_buf, v_buf, qi, r, kp, allowed, hq, hk)
+            if dk is None:
+                dk, dv = dk_b, dv_b
+            else:
+                dk.add_(dk_b)
+                dv.add_(dv_b)
+        if dk is None:
+            if overwrite:
+                dk_to[:, hk].zero_()
+                dv_to[:, hk].zero_()
+        elif overwrite:
+            dk_to[:, hk].copy_(dk)
+            dv_to[:, hk].copy_(dv)
+        else:
+            dk_to[:, hk].add_(dk)
+            dv_to[:, hk].add_(dv)
+
+
+#: a backward block whose query rows (B·H·rows·D elements) exceed this runs head by head
+HEAD_SPLIT_ELEMENTS = 1 << 18
+
+
+def head_groups(c: Call, q: torch.Tensor, Hkv: int, keys: int,
+                pairs) -> list[tuple[slice, slice]]:
+    """(query heads, key/value heads) slices that a piece's backward runs one after another:
+    one key/value head at a time when the rows are large and every pair's mask is the same for
+    all heads (no per-head mask, no dropout: its keyed mask is per head), else all heads."""
+    B, H, _, D = q.shape
+    every = [(slice(None), slice(None))]
+    rows = max((r.stop - r.start for _, r, _, _ in pairs), default=0)
+    if c.dropout_p > 0 or B * H * max(rows, keys) * D <= HEAD_SPLIT_ELEMENTS:
+        return every
+    if c.geom.mask is not None and c.geom.mask.heads > 1:
+        return every
+    G = H // Hkv
+    return [(slice(h * G, (h + 1) * G), slice(h, h + 1)) for h in range(Hkv)]
+
+
+def _pair_grads(c: Call, saved, dq_acc, k_buf, v_buf, qi, r, kp, allowed, hq, hk):
+    """(dk, dv) of heads hk of one (query rows r, key piece kp) pair, acc dtype; its dq (heads
+    hq) added into dq_acc."""
+    q_acc, out, lse, dout, dlse = saved
+    causal = allowed is CAUSAL
+    kb, vb, bad = _clean_keys(c, _rows(k_buf, kp)[:, hk].to(c.acc),
+                              _rows(v_buf, kp)[:, hk].to(c.acc))
+    blk = (q_acc[:, hq, r], kb, vb, None if causal else allowed, c.scale, c.softcap)
+    grads = (out[:, hq, r], lse[:, hq, r], dout[:, hq, r], dlse[:, hq, r])
+    if c.dropout_p > 0:  # the forward's mask again, from the same positions (all heads)
+        dq_b, dk_b, dv_b = dropout_backward(*blk, keep(c, q_acc, qi, r, kp), c.dropout_p,
+                                            *grads)
+    else:
+        dq_b, dk_b, dv_b = block_backward(*blk, *grads, is_causal=causal)
+    if bad is not None:  # one process: the cleaned copy of a poisoned position takes them
+        dk_b, dv_b = dk_b.masked_fill(bad, 0.0), dv_b.masked_fill(bad, 0.0)
+    dq_acc[:, hq, r].add_(dq_b)
+    return dk_b.to(c.acc), dv_b.to(c.acc)
 
 
 def _clean_keys(c: Call, k: torch.Tensor, v: torch.Tensor):

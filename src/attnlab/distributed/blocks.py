@@ -102,6 +102,16 @@ def merge(out_a, lse_a, out_b, lse_b):
     return wa * out_a + wb * out_b, lse
 
 
+def merge_into(out, lse, out_b, lse_b) -> None:
+    """`merge` written into (out, lse) in place (views of the call's result): no new buffer of
+    the rows' size but the block's own."""
+    total = torch.logaddexp(lse, lse_b)
+    safe = torch.where(torch.isinf(total), torch.zeros_like(total), total)
+    out.mul_(torch.exp(lse - safe)[..., None])  # (B, H, Lb, Dv) · (B, H, Lb, 1)
+    out.addcmul_(out_b, torch.exp(lse_b - safe)[..., None])
+    lse.copy_(total)
+
+
 def _heads5(x, Hkv: int, G: int):
     """(B|1, H|1, a, b) -> (B|1, Hkv|1, G|1, a, b), the grouped view of the scores."""
     if x is None:

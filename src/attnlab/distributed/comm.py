@@ -261,6 +261,7 @@ class Exchange:
             self.works = []
             raise self._silent(e, time.perf_counter() - t0) from e
         self.works = []
+        self.ops = []  # the sent tensors (copies, often) are freed once they have gone
         if self.logged:
             self.logged[0].seconds = time.perf_counter() - t0
         for op in self.logged:

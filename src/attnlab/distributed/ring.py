@@ -105,6 +105,7 @@ def _forward(ctx, q, k, v, c: Call):
         nxt = _fetch(c, steps[i + 1], k, v, "forward") if i + 1 < len(steps) else None
         if kb is not None:  # computed while step i + 1's transfers travel
             attend.forward_block(c, state, q_acc, kb, vb, pieces)
+        del ex, kb, vb  # the block is freed once merged
     return attend.finish_forward(ctx, c, state, q, k, v)
 
 
@@ -119,8 +120,10 @@ def _backward(ctx, c: Call, q, k, v, saved, dq):
         ex.wait()
         nxt = _fetch(c, steps[i + 1], k, v, "backward") if i + 1 < len(steps) else None
         dk_b = dv_b = None
-        if kb is not None:  # (B, Hkv, m, D|Dv) partials of rank (r − t)'s keys
-            dk_b, dv_b = attend.backward_block(c, saved, dq, kb, vb, pieces)
+        if kb is not None:  # (B, Hkv, m, D|Dv) partials of rank (r − t)'s keys, written over
+            # the received rows once each piece is done (acc dtype): no second buffer
+            dk_b, dv_b = attend.backward_block(c, saved, dq, kb, vb, pieces, reuse=True)
+        del ex, kb, vb
         if pending is not None:
             _absorb(pending, dk, dv)
         pending = _return(c, t, dk_b, dv_b, dk, dv)  # travels while step t + 1 computes
