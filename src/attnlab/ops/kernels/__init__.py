@@ -30,14 +30,21 @@ from attnlab.ops.kernels.build import ISAS, KernelStatus, runnable, status
 from attnlab.ops.kernels.build import enabled as _enabled
 from attnlab.ops.kernels.build import get as _get
 
-__all__ = ["ISAS", "KernelStatus", "available", "interval_attention", "interval_backward",
-           "interval_forward", "runnable", "status"]
+__all__ = ["ISAS", "KernelStatus", "available", "cached_bytes", "interval_attention",
+           "interval_backward", "interval_forward", "runnable", "status"]
 
 
 def available(isa: str | None = None) -> bool:
     """True when the kernel can run: not turned off (ATTNLAB_KERNEL=0) and built (on first use)
     for `isa` (default: ATTNLAB_KERNEL_ISA or the best ISA of this CPU)."""
     return _enabled() and _get(isa) is not None
+
+
+def cached_bytes(isa: str | None = None) -> int:
+    """Bytes of freed large buffers (4 MiB and more) the kernel keeps for its next calls, at most
+    512 MiB; 0 when the cache is off (ATTNLAB_KERNEL_POOL=0) or the kernel is not built."""
+    ops = _get(isa)
+    return 0 if ops is None else int(ops.pool_cached_bytes())
 
 
 def interval_forward(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0,

@@ -297,6 +297,9 @@ int64_t simd_width() { return lanes(); }
 // registers (no memory), what a perfectly fed GEMM would do; returns the flops, the caller times it
 double fma_ceiling(int64_t iters) { return fma_loop(iters); }
 
+// the bytes of freed blocks the pool holds for the next calls (pool.h)
+int64_t pool_cached_bytes() { return (int64_t)Pool::get().cached_bytes(); }
+
 }  // namespace
 
 #define ATTNLAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
@@ -309,4 +312,5 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("keys_last(Tensor x) -> Tensor", &keys_last);
   m.def("simd_width() -> int", &simd_width);
   m.def("fma_ceiling(int iters) -> float", &fma_ceiling);
+  m.def("pool_cached_bytes() -> int", &pool_cached_bytes);
 }

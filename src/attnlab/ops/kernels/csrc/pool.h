@@ -9,6 +9,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -107,11 +108,13 @@ class Pool final : public c10::Allocator {
   size_t free_bytes_ = 0;
 };
 
-// at::empty, with tensors of POOL_MIN bytes or more from the pool
+// at::empty, with tensors of POOL_MIN bytes or more from the pool. Under a Python dispatch mode
+// (a memory ledger, a tracer) every tensor comes from at::empty, so that the mode sees it.
 inline at::Tensor pooled_empty(at::IntArrayRef sizes, const at::TensorOptions& opts) {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
-  if ((size_t)n * opts.dtype().itemsize() < POOL_MIN) return at::empty(sizes, opts);
+  if ((size_t)n * opts.dtype().itemsize() < POOL_MIN || c10::impl::dispatch_mode_enabled())
+    return at::empty(sizes, opts);
   return at::detail::empty_generic(sizes, &Pool::get(),
                                    c10::DispatchKeySet(c10::DispatchKey::CPU),
                                    c10::typeMetaToScalarType(opts.dtype()), std::nullopt);
