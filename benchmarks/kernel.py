@@ -5,7 +5,8 @@
 
 Tables: (1) forward, 1 thread: the kernel's AVX-512 and AVX2 builds, today's PyTorch path
 (`ATTNLAB_KERNEL=0`, backend "tiled"), compiled FlexAttention (window) or SDPA (causal), useful
-GFLOP/s (4·D per allowed pair) and the share of a tile GEMM peak measured in this run;
+GFLOP/s (4·D per allowed pair), their share of PyTorch's GEMM speed on the tile shapes and of
+the core's FMA ceiling (registers only, per ISA), both measured in this run;
 (2) forward+backward; (3) a busy machine: one competing busy process running, 2 threads vs 1;
 (4) one row of exact weights (`attention_weights`) against a forward.
 Times are medians of repeats after a warm-up; ratios > 1 mean the kernel is faster.
@@ -159,14 +160,28 @@ def tile_gemm_peak(repeats: int) -> float:
     return best
 
 
+def fma_ceiling(isa: str) -> float:
+    """GF/s of one core's FMA units for the kernel's `isa` build: rounds of independent
+    multiply-adds on registers, no memory (the `fma_ceiling` op); the best of 5 timings. What a
+    perfectly fed micro-kernel would reach, above any GEMM library's speed."""
+    from attnlab.ops.kernels.build import get
+
+    ops, iters, best = get(isa), 20_000_000, 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        flops = ops.fma_ceiling(iters)
+        best = max(best, flops / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
 def isas() -> list[str]:
     return [i for i in ("avx512", "avx2") if i in kernels.runnable()]
 
 
-def table_forward(c: Config, peak: float) -> list[str]:
+def table_forward(c: Config, peak: float, ceiling: dict[str, float]) -> list[str]:
     rows = ["| case | " + " | ".join(f"kernel {i} ms" for i in isas()) +
             " | today (tiled) ms | peer ms | kernel GF/s | % of tile GEMM peak | "
-            "× peer | × today |", "|---" * (len(isas()) + 7) + "|"]
+            "% of FMA ceiling | × peer | × today |", "|---" * (len(isas()) + 8) + "|"]
     for case in cases(c):
         q, k, v = inputs(c, case.L)
         t = {}
@@ -181,7 +196,8 @@ def table_forward(c: Config, peak: float) -> list[str]:
         gf = useful_flops(case, c) / best / 1e9
         rows.append(f"| {case.name} | " + " | ".join(f"{t[i] * 1e3:.0f}" for i in isas()) +
                     f" | {today * 1e3:.0f} | {peer * 1e3:.0f} {note} | {gf:.1f} | "
-                    f"{100 * gf / peak:.0f}% | {peer / best:.2f} | {today / best:.2f} |")
+                    f"{100 * gf / peak:.0f}% | {100 * gf / ceiling[isas()[0]]:.0f}% | "
+                    f"{peer / best:.2f} | {today / best:.2f} |")
     return rows
 
 
@@ -282,8 +298,10 @@ def main(argv=None) -> int:
           f"{a.clock} clock; {os.cpu_count()} CPUs, load average {load[0]:.1f} at the start")
     if "fwd" in a.only:
         peak = tile_gemm_peak(c.repeats)
-        print(f"\n## Forward, 1 thread (tile GEMM peak this run: {peak:.1f} GF/s)\n")
-        print("\n".join(table_forward(c, peak)))
+        ceiling = {isa: fma_ceiling(isa) for isa in isas()}
+        print(f"\n## Forward, 1 thread (this run: PyTorch's tile GEMM {peak:.1f} GF/s; FMA "
+              "ceiling " + ", ".join(f"{i} {g:.0f} GF/s" for i, g in ceiling.items()) + ")\n")
+        print("\n".join(table_forward(c, peak, ceiling)))
     if "bwd" in a.only:
         print("\n## Forward + backward, 1 thread\n")
         print("\n".join(table_backward(c)))

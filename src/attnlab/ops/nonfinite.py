@@ -30,9 +30,25 @@ from attnlab.ops.problem import Problem
 BLOCK_ENTRIES = 1 << 24
 
 
+#: float32 CPU tensors this large are checked by the compiled kernel's `all_finite` once loaded
+KERNEL_CHECK_MIN = 1 << 15
+
+
 def all_finite(x: torch.Tensor) -> bool:
-    """No NaN/Inf in x, from one reduction (an overflowing sum only costs the exact check)."""
-    return bool(torch.isfinite(x.detach().sum()))
+    """No NaN/Inf in x, from one reduction (an overflowing sum only costs the exact check).
+
+    A large float32 CPU tensor is checked by the interval kernel once it is loaded: on its own
+    work queue, since the threads of a PyTorch (OpenMP) reduction keep spinning after it and, on
+    a busy machine, take the cores from the kernel's threads that run next."""
+    x = x.detach()
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() >= KERNEL_CHECK_MIN
+            and x.is_contiguous()):
+        from attnlab.ops.kernels import build
+
+        ops = build.loaded()
+        if ops is not None:
+            return bool(ops.all_finite(x))
+    return bool(torch.isfinite(x.sum()))
 
 
 def clean(p: Problem, *, always: bool = False) -> tuple[Problem, torch.Tensor | None]:

@@ -159,6 +159,11 @@ def load(isa: str):
         return ops
 
 
+def loaded():
+    """The ops of a build already loaded in this process (any ISA), or None: never builds."""
+    return next(iter(_LOADED.values()), None) if enabled() else None
+
+
 def _why(e: Exception) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     errs = [ln for ln in lines if "error:" in ln.lower()]
