@@ -16,7 +16,8 @@ items per thread (ATTNLAB_KERNEL_BWD=fused|split forces a schedule).
     out, lse = kernels.interval_attention(q, k, v, lo, hi, scale=0.125)
 
 Files: build.py (ISA, cache, status), gate.py (checks, layouts), kernel.py (the three layers),
-csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp, ops.cpp).
+csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp, ops.cpp
+the ops, their work queue and the glue's reductions, pool.h the cache of large freed buffers).
 
 Supported: float32, float16 and bfloat16 inputs (converted to float32 at the gate, accumulated in
 float32; out in q's dtype, lse float32); CPU tensors of any strides (copied at the gate).
