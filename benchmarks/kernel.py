@@ -7,7 +7,8 @@ Tables: (1) forward, 1 thread: the kernel's AVX-512 and AVX2 builds, today's PyT
 (`ATTNLAB_KERNEL=0`, backend "tiled"), compiled FlexAttention (window) or SDPA (causal), useful
 GFLOP/s (4·D per allowed pair), their share of PyTorch's GEMM speed on the tile shapes and of
 the core's FMA ceiling (registers only, per ISA), both measured in this run;
-(2) forward+backward; (3) a busy machine: one competing busy process running, 2 threads vs 1;
+(2) forward+backward; (3) a busy machine: one competing busy process running, 2 threads vs 1
+(interleaved call by call, median of at least 7);
 (4) one row of exact weights (`attention_weights`) against a forward.
 Times are medians of repeats after a warm-up; ratios > 1 mean the kernel is faster.
 """
@@ -81,6 +82,29 @@ def med(f, repeats: int) -> float:
         f()
         ts.append(clock() - t0)
     return statistics.median(ts)
+
+
+def med_threads(f, repeats: int) -> dict[int, float]:
+    """Median seconds of f on 1 and on 2 threads, the two interleaved call by call (a change in
+    the machine's load falls on both alike), after a warm-up of each."""
+    ts: dict[int, list[float]] = {1: [], 2: []}
+    for i in range(repeats + 1):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            t0 = clock()
+            f()
+            if i:
+                ts[threads].append(clock() - t0)
+    return {n: statistics.median(t) for n, t in ts.items()}
+
+
+def ms(t: float, note: str = "") -> str:
+    """Milliseconds for a table cell; "–" where there is no such run."""
+    return "–" if t != t else f"{t * 1e3:.0f} {note}".strip()
+
+
+def ratio(a: float, b: float) -> str:
+    return "–" if a != a or b != b else f"{a / b:.2f}"
 
 
 @contextmanager
@@ -195,9 +219,9 @@ def table_forward(c: Config, peak: float, ceiling: dict[str, float]) -> list[str
         best = t[isas()[0]]
         gf = useful_flops(case, c) / best / 1e9
         rows.append(f"| {case.name} | " + " | ".join(f"{t[i] * 1e3:.0f}" for i in isas()) +
-                    f" | {today * 1e3:.0f} | {peer * 1e3:.0f} {note} | {gf:.1f} | "
+                    f" | {today * 1e3:.0f} | {ms(peer, note)} | {gf:.1f} | "
                     f"{100 * gf / peak:.0f}% | {100 * gf / ceiling[isas()[0]]:.0f}% | "
-                    f"{peer / best:.2f} | {today / best:.2f} |")
+                    f"{ratio(peer, best)} | {today / best:.2f} |")
     return rows
 
 
@@ -216,8 +240,8 @@ def table_backward(c: Config) -> list[str]:
         peer = med(f, c.repeats) if f else float("nan")
         best = t[isas()[0]]
         rows.append(f"| {case.name} | " + " | ".join(f"{t[i] * 1e3:.0f}" for i in isas()) +
-                    f" | {today * 1e3:.0f} | {peer * 1e3:.0f} {note} | {today / best:.2f} | "
-                    f"{peer / best:.2f} |")
+                    f" | {today * 1e3:.0f} | {ms(peer, note)} | {today / best:.2f} | "
+                    f"{ratio(peer, best)} |")
     return rows
 
 
@@ -243,11 +267,8 @@ def table_busy(c: Config) -> list[str]:
         for case in [*cases(c), *extra]:
             q, k, v = inputs(c, case.L)
             for path, kw in (("kernel", {}), ("today (tiled)", {"ATTNLAB_KERNEL": "0"})):
-                t = {}
-                for threads in (1, 2):
-                    torch.set_num_threads(threads)
-                    with env(**kw):
-                        t[threads] = med(attn_fn(case, q, k, v, False), c.repeats)
+                with env(**kw):
+                    t = med_threads(attn_fn(case, q, k, v, False), max(c.repeats, 7))
                 rows.append(f"| {case.name} | {path} | {t[1] * 1e3:.0f} | {t[2] * 1e3:.0f} | "
                             f"{t[2] / t[1]:.2f} |")
     torch.set_num_threads(n)
