@@ -100,3 +100,21 @@ def tiles_from_dense(dense, bq, bk):
             out[:, :, a, c] = torch.where(t.all(-1).all(-1), FULL,
                                           torch.where(t.any(-1).any(-1), PARTIAL, EMPTY))
     return out
+
+
+def load_script(name: str):
+    """benchmarks/<name>.py as a module, for a fixture to `yield from`: registered in sys.modules
+    while in use (its dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"attnlab_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        del sys.modules[spec.name]

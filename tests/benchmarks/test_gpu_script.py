@@ -4,24 +4,15 @@ unless asked for its CPU dry run, and the dry run prints both tables and the tar
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def gpu():
-    spec = importlib.util.spec_from_file_location("attnlab_gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules[spec.name]
+    yield from load_script("gpu")
 
 
 def test_dry_run_prints_tables_and_targets(gpu, capsys):

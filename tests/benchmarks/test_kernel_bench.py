@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from attnlab.ops import kernels
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel.py"
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def kb():
-    spec = importlib.util.spec_from_file_location("kernel_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        del sys.modules[spec.name]
+    yield from load_script("kernel")
 
 
 def test_cells_say_dash_where_there_was_no_run(kb):
