@@ -7,8 +7,6 @@
 
 namespace attnlab_k {
 
-int lanes() { return W; }
-
 double fma_loop(int64_t iters) {
   // enough independent chains to cover two FMA pipes' latency, few enough to stay in registers
   constexpr int N = W == 16 ? 16 : 12;

@@ -45,7 +45,6 @@ struct Panels {
 };
 
 Panels make_panels(const Problem& pr);
-int lanes();  // floats per SIMD vector of this build
 double fma_loop(int64_t iters);  // iters rounds of independent FMAs on registers; returns flops
 
 // forward: item = (b·H + h)·P + panel; out (B, H, L, Dv), lse (B, H, L)

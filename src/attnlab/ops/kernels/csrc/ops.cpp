@@ -172,7 +172,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& 
   const Panels pn = make_panels(pr);
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
-  pr.stream_out = out.numel() * 4 >= STREAM_BYTES && pr.Dv % lanes() == 0 &&
+  pr.stream_out = out.numel() * 4 >= STREAM_BYTES && pr.Dv % W == 0 &&
                   reinterpret_cast<uintptr_t>(o) % 64 == 0;
   run_items(by_cost(query_costs(pr, pn)), fwd_scratch(pr),
             [&](int64_t item, float* buf) { fwd_item(pr, pn, item, o, l, buf); });
@@ -309,10 +309,12 @@ bool all_finite(const Tensor& x) {
   const float* p = x.data_ptr<float>();
   std::atomic<bool> bad{false};
   run_ranges(x.numel(), GLUE_CHUNK, [&](int64_t b, int64_t e) {
-    vf acc = vzero();
+    vf acc[4] = {vzero(), vzero(), vzero(), vzero()};  // four chains: memory speed, not add latency
     int64_t i = b;
-    for (; i + lanes() <= e; i += lanes()) acc = vadd(acc, vmul(vload(p + i), vzero()));
-    float tail = hsum(acc);
+    for (; i + 4 * W <= e; i += 4 * W)
+      for (int t = 0; t < 4; ++t) acc[t] = vadd(acc[t], vmul(vload(p + i + t * W), vzero()));
+    for (; i + W <= e; i += W) acc[0] = vadd(acc[0], vmul(vload(p + i), vzero()));
+    float tail = hsum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
     for (; i < e; ++i) tail += p[i] * 0.0f;
     if (tail != 0.0f) bad.store(true);
   });
@@ -336,7 +338,7 @@ Tensor row_dot(const Tensor& a, const Tensor& b) {
       const float *x = pa + r * n, *y = pb + r * n;
       vf acc = vzero();
       int64_t i = 0;
-      for (; i + lanes() <= n; i += lanes()) acc = vfma(vload(x + i), vload(y + i), acc);
+      for (; i + W <= n; i += W) acc = vfma(vload(x + i), vload(y + i), acc);
       float t = hsum(acc);
       for (; i < n; ++i) t += x[i] * y[i];
       po[r] = t;
@@ -345,7 +347,7 @@ Tensor row_dot(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-int64_t simd_width() { return lanes(); }
+int64_t simd_width() { return W; }
 
 // The FMA ceiling of one core for this build: `iters` rounds of independent multiply-adds on
 // registers (no memory), what a perfectly fed GEMM would do; returns the flops, the caller times it
