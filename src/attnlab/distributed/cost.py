@@ -216,11 +216,13 @@ def ulysses_kv_heads(Hkv: int, P: int) -> int:
     return Hkv * P // math.gcd(Hkv, P)
 
 
-def ulysses_why_not(H: int, Hkv: int, P: int, per_head_mask: bool) -> str:
-    """Why the head split does not go over P ranks ("" when it does)."""
+def ulysses_why_not(H: int, Hkv: int, P: int, per_head_mask: bool, over: str = "world") -> str:
+    """Why the head split does not go over P ranks ("" when it does); `over` names P. The only
+    head rule: P divides H (key/value heads then always split, replicated to lcm(Hkv, P))."""
     if H % P:
-        return (f"needs query heads H = {H} divisible by world = {P} (each rank attends H/P "
-                f"whole heads; key/value heads Hkv = {Hkv} are replicated as needed)")
+        return (f"needs query heads H = {H} divisible by {over} = {P} (each rank attends H/{P} "
+                f"whole heads; key/value heads Hkv = {Hkv} are replicated as needed; uneven "
+                f"head splits are not supported)")
     return "a per-head mask cannot be split by heads" if per_head_mask else ""
 
 
@@ -251,7 +253,7 @@ def hybrid_why_not(H: int, Hkv: int, P: int, U: int | None, per_head_mask: bool)
         return "needs ulysses_size=U, the ranks of a group (a divisor of world)"
     if isinstance(U, bool) or not isinstance(U, int) or U < 1 or P % U:
         return f"needs ulysses_size U dividing world = {P}, got {U!r}"
-    return ulysses_why_not(H, Hkv, U, per_head_mask)
+    return ulysses_why_not(H, Hkv, U, per_head_mask, over="ulysses_size U")
 
 
 def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype,
