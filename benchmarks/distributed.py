@@ -8,6 +8,7 @@ of time waiting on communication, and peak memory per rank.
         --strategies ring                                  # the window / document / causal tables
     .venv/bin/python benchmarks/distributed.py --auto --L 8192 --world 2   # does auto pick well?
     .venv/bin/python benchmarks/distributed.py --memory --L 32768 --heads 4 --world 2
+    .venv/bin/python benchmarks/distributed.py --planning   # plan at 1M / 64 ranks, cached calls
 
 Each (P, strategy) runs in fresh processes, so the peak resident memory each rank adds while it
 runs one forward + backward (ru_maxrss after the inputs exist, minus before) is comparable with
@@ -171,7 +172,15 @@ def main(argv=None) -> int:
                     "(benchmarks/distributed_memory.py)")
     ap.add_argument("--auto", action="store_true", help="the auto table instead: each strategy "
                     "measured and auto's pick on a calibration (benchmarks/distributed_auto.py)")
+    ap.add_argument("--planning", action="store_true", help="the planning table instead: "
+                    "plan at L = 1M, P = 64 and what a call spends planning, first and cached "
+                    "(benchmarks/distributed_planning.py; median of at least 5)")
     a = ap.parse_args(argv)
+    if a.planning:
+        from distributed_planning import planning_table
+
+        planning_table(max(a.repeats, 5))
+        return 0
     if a.memory:
         from distributed_memory import memory_table
 

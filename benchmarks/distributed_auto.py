@@ -2,7 +2,8 @@
 
 On one spawned group of P processes (gloo over loopback, one thread per rank): calibrate the
 group (`attnlab.distributed.calibrate`), then for each mask time every strategy's forward +
-backward (median of `repeats` after a warm-up; the busiest rank) and set beside it the time
+backward (median of `repeats` after a warm-up, the strategies taking turns; the busiest rank)
+and set beside it the time
 `plan` predicts on the calibration, and the picks of "auto" — on the calibration and on the
 defaults (100 Gbit/s, 100 TFLOP/s). "auto / fastest" is the measured time of the calibrated pick
 over the fastest measured strategy (the target: within 1.10).
@@ -33,17 +34,16 @@ def _rank(rank, world, L, H, D, repeats, masks) -> dict:
     out = {"cal": cal, "rows": {}}
     for spec in masks:
         mask, is_causal = parse_mask(spec, L)
-        row = {}
-        for s in STRATEGIES:
-            ts = []
-            for i in range(repeats + 1):
+        ts = {s: [] for s in STRATEGIES}
+        for i in range(repeats + 1):  # strategies take turns: a burst of load hits them alike
+            for s in STRATEGIES:
                 t0 = time.perf_counter()
                 y = cp.context_parallel_attention(q, k, v, strategy=s, mask=mask,
                                                   is_causal=is_causal)
                 y.sum().backward()
                 if i:
-                    ts.append(time.perf_counter() - t0)
-            row[s] = statistics.median(ts)
+                    ts[s].append(time.perf_counter() - t0)
+        row = {s: statistics.median(t) for s, t in ts.items()}
         kw = dict(mask=mask, is_causal=is_causal, dtype=torch.float32)
         p_cal = cp.plan(L, H, H, D, world, calibration=cal, **kw)
         p_def = cp.plan(L, H, H, D, world, **kw)

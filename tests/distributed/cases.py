@@ -283,6 +283,9 @@ def run_error_cases(rank: int, world: int, groups) -> dict:
     ys = cp.shard(y, "zigzag", group=g)
     res["ulysses_heads"] = _catch(
         lambda: cp.context_parallel_attention(ys, ys, ys, group=g, strategy="ulysses"))
+    kv = ys[:, :2]  # GQA, Hkv = 2 < P: replication covers the key/value heads, not H = 6
+    res["ulysses_gqa_heads"] = _catch(lambda: cp.context_parallel_attention(
+        ys, kv, kv, group=g, strategy="ulysses", enable_gqa=True))
     # rank 3 shards a sequence of 15, the others one of 16: the sizes happen to fit a layout of
     # 15 rows ([4, 4, 4, 3]); only seq_len tells
     z = x if rank != 3 else x[:, :, :15]

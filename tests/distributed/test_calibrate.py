@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 import attnlab.distributed as cp
 from attnlab import masks
@@ -42,7 +43,8 @@ def test_one_process_measures_compute_and_no_link():
 
 
 @pytest.mark.parametrize("kw, msg", [(dict(small=0), "small"), (dict(large=10, small=20), "large"),
-                                     (dict(ulysses_size=0), "ulysses_size")])
+                                     (dict(ulysses_size=0), "ulysses_size"),
+                                     (dict(window=0), "window")])
 def test_calibrate_rejects_bad_arguments(kw, msg):
     with pytest.raises(AttnlabError, match=msg):
         cp.calibrate(**kw)
@@ -68,26 +70,81 @@ def test_cli_plan_cp_calibrate(monkeypatch, capsys):
     assert f"- 4 ranks: {want.reason}" in out
 
 
-def test_measured_masked_rate_prices_the_block_path_by_tile_area():
-    """With masked_tflops, ring and allgather compute the area of their FULL tiles at tflops and
-    of their PARTIAL tiles at masked_tflops (a window of 512 in chunks of 2048: whole diagonal
-    tiles), ulysses the attended pairs; without it, all three the attended pairs."""
+def _exact_attended_per_rank(m, L, P):
+    """Attended (query, key) pairs of each rank's zigzag rows, from the mask's intervals."""
+    lo, hi = m.intervals(L, L)
+    per_row = (hi.long() - lo.long()).sum(dim=(0, 1)).double() / (lo.shape[0] * lo.shape[1])
+    c = L // (2 * P)  # zigzag: rank r holds chunks r and 2P − 1 − r
+    return [float(per_row[r * c:(r + 1) * c].sum() + per_row[(2 * P - 1 - r) * c:
+                                                              (2 * P - r) * c].sum())
+            for r in range(P)]
+
+
+DOCS = masks.document(torch.repeat_interleave(torch.arange(4),
+                                               torch.tensor([1000, 2500, 700, 3992])))
+
+
+@pytest.mark.parametrize("m", [masks.sliding_window(512), masks.sliding_window(3000), DOCS,
+                               masks.causal() & DOCS],
+                         ids=["window512", "window3000", "documents", "causal_documents"])
+def test_partial_blocks_count_their_attended_pairs(m):
+    """A chunk pair the mask cuts counts the pairs it attends (estimated on sub-tiles, within 5%
+    of the exact count per rank), not its area."""
     from attnlab.distributed.blockcost import block_areas
     from attnlab.distributed.geometry import Geometry
 
-    cal = dataclasses.replace(CAL, masked_tflops=0.01)
-    m = masks.sliding_window(512)
-    p = cp.plan(8192, 8, 8, 64, 2, mask=m, dtype="fp32", calibration=cal)
     full, part = block_areas(Geometry(8192, 8192, 2, "zigzag", m))
-    assert full == [0.0, 0.0]  # zigzag chunks of 2048: every live tile is cut by the window
-    # rank 0 (chunks 0, 3): tiles (0,0), (3,2), (3,3); rank 1 (1, 2): (1,0), (1,1), (2,1), (2,2)
-    assert part == [2048.0 * 2048 * 3, 2048.0 * 2048 * 4]
-    per = 2 * 8 * 128 * 3.5
-    assert p["ring"].compute_s == pytest.approx(per * part[1] / 0.01e12)
-    assert p["ulysses"].compute_s == pytest.approx(3.5 * max(p["ulysses"].flops_fwd) / 0.02e12)
-    assert p["ring"].compute_s > 4 * p["ulysses"].compute_s
-    q = cp.plan(8192, 8, 8, 64, 2, mask=m, dtype="fp32", calibration=CAL)  # no masked rate
-    assert q["ring"].compute_s == pytest.approx(3.5 * max(q["ring"].flops_fwd) / 0.02e12)
+    exact = _exact_attended_per_rank(m, 8192, 2)
+    for f, p, e in zip(full, part, exact):
+        assert f + p == pytest.approx(e, rel=0.05)
+
+
+def test_window_block_compute_scales_with_the_window_not_the_chunk():
+    """Sliding windows at L = 16384, P = 2 (zigzag chunks of 4096, every live pair cut by the
+    window): with a measured masked rate the ring's and allgather's compute follow the window
+    (×4 window: ×~3.9 time), far below the chunk² area; ulysses is priced on the same engine."""
+    cal = dataclasses.replace(CAL, world=2, masked_tflops=0.01)
+    est = {W: cp.plan(16384, 8, 8, 64, 2, mask=masks.sliding_window(W), dtype="fp32",
+                      calibration=cal) for W in (256, 1024)}
+    per = 2 * 8 * 128 * 3.5  # s·FLOP/s per pair: 2·H·(D + Dv), fwd + bwd
+    for s in ("ring", "allgather", "ulysses"):
+        ratio = est[1024][s].compute_s / est[256][s].compute_s
+        assert 3.5 < ratio < 4.2, (s, ratio)
+    # rank 1 (chunks 1, 2) holds the tiles (1,0), (1,1), (2,1), (2,2): whole area 4 · 4096²
+    whole = per * 4 * 4096.0**2 / 0.01e12
+    attended = per * 2 * 4096 * 1024 / 0.01e12  # 8192 rows × ~1024 keys
+    assert est[1024]["ring"].compute_s == pytest.approx(attended, rel=0.05)
+    assert est[1024]["ring"].compute_s < whole / 3
+    both = est[1024]
+    assert both["ulysses"].compute_s == pytest.approx(
+        per * 16384 * 1024 / 2 / 0.01e12, rel=0.05)  # all rows, half the heads
+    no_rate = cp.plan(16384, 8, 8, 64, 2, mask=masks.sliding_window(1024), dtype="fp32",
+                      calibration=dataclasses.replace(cal, masked_tflops=None))
+    assert no_rate["ring"].compute_s == pytest.approx(
+        3.5 * max(no_rate["ring"].flops_fwd) / 0.02e12)  # the attended FLOPs at tflops
+
+
+def test_calibration_measures_a_window_counting_attended_pairs(monkeypatch):
+    """masked_tflops is timed on a sliding window of `window` keys over 4·window positions, and
+    counts the pairs the window attends (a causal band: W·n − W(W−1)/2)."""
+    import attnlab.ops
+    from attnlab.distributed.calibrate import attended
+
+    seen = []
+    real = attnlab.ops.attention
+
+    def spy(q, k, v, *a, mask=None, **kw):
+        seen.append((q.shape[-2], mask))
+        return real(q, k, v, *a, mask=mask, **kw)
+
+    monkeypatch.setattr(attnlab.ops, "attention", spy)
+    cal = cp.calibrate(repeats=1, block=(1, 32, 8), window=8)
+    assert cal.masked_tflops > 0 and "per attended pair under a window" in cal.describe()
+    windows = [(n, m) for n, m in seen if m is not None]
+    assert windows and all(n == 32 and m.size == 8 for n, m in windows)
+    assert attended(masks.sliding_window(8), 32) == 8 * 32 - 8 * 7 // 2
+    doc = masks.document(torch.repeat_interleave(torch.arange(2), torch.tensor([5, 11])))
+    assert attended(doc, 16) == 5 * 5 + 11 * 11
 
 
 def test_causal_diagonal_tiles_count_half_at_the_unmasked_rate():

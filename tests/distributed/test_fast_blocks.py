@@ -77,6 +77,39 @@ def test_a_call_signature_plans_once(monkeypatch):
     assert len(made) == 3  # the ids differ: two plans; the third call reuses the first
 
 
+def test_a_mask_is_hashed_once_until_written(monkeypatch):
+    """The signature's mask fingerprint digests each tensor once while it is unchanged (a call
+    after the first does not re-hash the segment ids); an in-place write changes it."""
+    from attnlab.distributed import validate
+
+    hashed = [0]  # bytes fed to sha1
+    real = validate.hashlib.sha1
+
+    class Counting:
+        def __init__(self, data=b""):
+            self.h = real(data)
+            hashed[0] += len(data)
+
+        def update(self, data):
+            hashed[0] += len(data)
+            self.h.update(data)
+
+        def digest(self):
+            return self.h.digest()
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    m = masks.document(torch.arange(4096) // 1000)  # two (1, 4096) int64 id tensors: 64 KiB
+    first = validate.fingerprint(m)
+    monkeypatch.setattr(validate.hashlib, "sha1", Counting)
+    assert validate.fingerprint(m) == first
+    assert hashed[0] < 4096  # names, reprs and the two cached digests: not the ids again
+    m.q_seg[..., 0] = 7  # in place: the version counter moves
+    assert validate.fingerprint(m) != first
+    assert hashed[0] > 4096 * 8
+
+
 @pytest.mark.parametrize("q0, k0", [(150, 100), (0, 0), (250, 280)])
 def test_block_intervals_are_the_global_rows_shifted(q0, k0):
     """An interval-shaped block reaches the interval kernel with the right per-row intervals."""

@@ -226,7 +226,7 @@ def test_hybrid_infeasible_names_the_rule(U, msg):
     p = cp.plan(256, 4, 4, 32, 4, ulysses_size=U)
     assert not p["hybrid"].feasible and msg in p["hybrid"].why_not
     q = cp.plan(256, 6, 3, 32, 4, ulysses_size=4)
-    assert "H = 6 divisible by world = 4" in q["hybrid"].why_not
+    assert "H = 6 divisible by ulysses_size U = 4" in q["hybrid"].why_not
 
 
 def test_cli_plan_cp_hybrid_tiers(capsys):

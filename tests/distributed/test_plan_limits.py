@@ -1,6 +1,8 @@
 """`plan` on tile classes: it never builds a per-position structure (a structural check, no
 timing), and sizes beyond what it plans in a few seconds are refused with the limit named."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -48,6 +50,23 @@ def test_plans_one_million_over_64_without_per_position_structures(layout, mask,
     p = cp.plan(L, 32, 8, 128, P, mask=m, is_causal=True, layout=layout)
     assert p.choice in cost.STRATEGIES and len(p["ring"].fwd_sent) == P
     assert largest_tensor[0] <= 1 << 22 <= L * P // 16  # tiles and P × P counts, never L·P
+
+
+@pytest.mark.parametrize("mask", ["window", "window_or_prefix", "documents"])
+def test_calibrated_plan_prices_partial_blocks_on_sub_tiles(mask, largest_tensor):
+    """With a measured masked rate, PARTIAL blocks are priced on sub-tiles of the chunk grid:
+    still no per-position structure and no tensor past 2^22 elements at L = 1M, P = 64."""
+    L, P = 1 << 20, 64
+    m = {"window": masks.sliding_window(4096),
+         "window_or_prefix": masks.sliding_window(512) | masks.prefix_lm(64),
+         "documents": masks.document(torch.arange(L) * 16 // L)}[mask]
+    cal = cp.Calibration(inter_gbps=100.0, intra_gbps=100.0, latency_us=10.0, tflops=100.0,
+                         world=P, backend="nccl", masked_tflops=50.0)
+    p = cp.plan(L, 32, 8, 128, P, mask=m, is_causal=True, calibration=cal)
+    q = cp.plan(L, 32, 8, 128, P, mask=m, is_causal=True, calibration=dataclasses.replace(
+        cal, masked_tflops=100.0))
+    assert p["ring"].compute_s > q["ring"].compute_s  # the PARTIAL blocks' rate counts
+    assert largest_tensor[0] <= 1 << 22
 
 
 def test_plans_past_two_to_the_31_on_tiles(largest_tensor):

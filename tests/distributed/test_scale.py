@@ -45,7 +45,7 @@ def test_hybrid_errors_name_the_rule(results):
     for errs in results["_errors"]:
         assert "needs ulysses_size=U" in errs["hybrid_no_size"], errs["hybrid_no_size"]
         assert "dividing world = 4, got 3" in errs["hybrid_bad_size"], errs["hybrid_bad_size"]
-        assert "H = 6 divisible by world = 4" in errs["hybrid_uneven_heads"], \
+        assert "H = 6 divisible by ulysses_size U = 4" in errs["hybrid_uneven_heads"], \
             errs["hybrid_uneven_heads"]
 
 

@@ -18,9 +18,11 @@ The inter tier pairs rank r with rank r + U (mod P), another group; the intra ti
 rank of its own group of U (without groups, one tier: the next rank). Compute: the forward and
 backward of `attnlab.attention` on a (1, H, L, D) block with no mask, in the accumulation dtype
 of the call's inputs — rate = 3.5 · 4·H·L²·D / time (the model's fwd + bwd FLOPs) — and again
-with a dense mask (`masked_tflops`, over the same whole area: what a PARTIAL block pair of the
-ring and allgather costs today, `blockcost`). Every rank
-measures; all take the slowest rank's numbers (one all-gather), so every rank plans alike.
+under a sliding window of `window` keys on a (1, H, 4·window, D) block (`masked_tflops` =
+3.5 · 4·H·D · attended pairs / time:
+the rate per attended pair of a block the mask cuts, as the engine runs it, which is what the
+model prices a PARTIAL block at, `blockcost`). Every rank measures; all take the slowest rank's
+numbers (one all-gather), so every rank plans alike.
 
 Caution: a calibration is a snapshot of a machine that may be shared: run it where and when the
 job runs. Gloo over loopback measures memory copies, not a network.
@@ -51,7 +53,8 @@ class Calibration:
     world: int
     backend: str
     ulysses_size: int | None = None
-    #: the same over the whole area of a block run with a dense mask (a PARTIAL block pair)
+    #: the same under a sliding window, counting only the pairs it attends (what a block the
+    #: mask cuts costs per attended pair on the engine)
     masked_tflops: float | None = None
 
     @property
@@ -62,7 +65,7 @@ class Calibration:
         tiers = (f"link {self.intra_gbps:.3g} Gbit/s inside groups of {self.ulysses_size}, "
                  f"{self.inter_gbps:.3g} between" if self.ulysses_size
                  else f"link {self.inter_gbps:.3g} Gbit/s")
-        masked = (f" ({self.masked_tflops:.3g} with a dense mask)"
+        masked = (f" ({self.masked_tflops:.3g} per attended pair under a window)"
                   if self.masked_tflops is not None else "")
         return (f"{tiers}, {self.latency_us:.3g} µs per message, {self.tflops:.3g} TFLOP/s"
                 f"{masked} per rank ({self.backend}, {self.world} ranks)")
@@ -106,34 +109,49 @@ def _tier(group, rank: int, world: int, step: int, within: int, sizes, repeats: 
 
 
 def _compute_rate(H: int, L: int, D: int, dtype, device, repeats: int,
-                  masked: bool = False) -> float:
-    """FLOP/s of attnlab.attention's forward + backward on a (1, H, L, D) block over its whole
-    area; `masked`: with a dense bool mask (the lower triangle), as the block path runs a
-    PARTIAL pair."""
+                  window: int | None = None) -> float:
+    """FLOP/s of attnlab.attention's forward + backward on a (1, H, L, D) block: with no mask
+    over its whole area, or under a sliding window of `window` keys counting only the pairs it
+    attends (as the engine runs a block the mask cuts)."""
+    from attnlab import masks
     from attnlab.ops import attention
 
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(1, H, L, D, generator=g, dtype=dtype).to(device).requires_grad_()
                for _ in range(3))
-    allowed = torch.ones(L, L, dtype=torch.bool, device=device).tril() if masked else None
+    m = None if window is None else masks.sliding_window(window)
+    pairs = L * L if m is None else attended(m, L)
     ts = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        attention(q, k, v, attn_mask=allowed).sum().backward()
+        attention(q, k, v, mask=m).sum().backward()
         if i:
             ts.append(time.perf_counter() - t0)
-    return 3.5 * 4 * H * L * L * D / statistics.median(ts)
+    return 3.5 * 4 * H * D * pairs / statistics.median(ts)
+
+
+def attended(m, L: int) -> int:
+    """(query, key) pairs an L × L mask without batch or heads lets attend, from its per-row
+    intervals where it has them, else counted on its rows × columns."""
+    got = m.intervals(L, L)
+    if got is not None:
+        lo, hi = got  # (1, 1, L) each: keys lo ≤ j < hi
+        return int((hi.long() - lo.long()).clamp(min=0).sum())
+    idx = torch.arange(L)
+    return int(m.block(idx, idx, L, L).sum())
 
 
 def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
               large: int = 32 << 20, repeats: int = 5, block: tuple[int, int, int] = (4, 1024, 64),
-              dtype=torch.float32, device=None) -> Calibration:
+              window: int = 512, dtype=torch.float32, device=None) -> Calibration:
     """Measure link, latency and compute on `group` (every rank must call it); see the module.
 
     ulysses_size: U, ranks of a group for strategy "hybrid": measure the link inside groups of U
         consecutive ranks and the one between them. small / large: the two message sizes,
-        bytes. block: (H, L, D) of the timed attention block. dtype: its dtype (fp32 for fp32 /
-        bf16 / fp16 inputs, whose blocks accumulate in fp32; fp64 for fp64).
+        bytes. block: (H, L, D) of the timed attention block. window: keys of the sliding
+        window `masked_tflops` is measured under, on 4·window positions of H heads of D (the
+        nearer the windows the job runs, the better it prices them). dtype: the blocks' dtype
+        (fp32 for fp32 / bf16 / fp16 inputs, whose blocks accumulate in fp32; fp64 for fp64).
     """
     rank, world = comm.rank_world(group)
     if ulysses_size is not None and (isinstance(ulysses_size, bool)
@@ -144,6 +162,8 @@ def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
     for name, v in (("small", small), ("large", large), ("repeats", repeats)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise AttnlabError(f"{name}: expected a positive int, got {v!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise AttnlabError(f"window: expected a positive int, got {window!r}")
     if large <= small:
         raise AttnlabError(f"large: expected more bytes than small = {small}, got {large}")
     device = torch.device("cpu") if device is None else torch.device(device)
@@ -160,7 +180,8 @@ def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
         inter = intra if world // U == 1 else inter
         intra = inter if U == 1 else intra
     rate = _compute_rate(*block, dtype, device, repeats)
-    masked = _compute_rate(*block, dtype, device, repeats, masked=True)
+    H, _, D = block
+    masked = _compute_rate(H, 4 * window, D, dtype, device, repeats, window=window)
     mine = torch.tensor([inter, intra, max(lat, default=0.0), rate, masked], dtype=torch.float64)
     every = mine.new_empty(world * 5)
     if world > 1:

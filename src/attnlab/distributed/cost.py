@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from attnlab.distributed.blockcost import block_compute_s
+from attnlab.distributed.blockcost import block_compute_s, ulysses_compute_s
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.grouped import GroupedGeometry
 from attnlab.distributed.layouts import check_layout
@@ -138,7 +138,8 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
              per_head_mask: bool = False,
              masked_tflops: float | None = None) -> dict[str, Estimate]:
     """Every strategy's Estimate for this geometry and these sizes; with `masked_tflops` (a
-    calibration's), ring and allgather compute the area of their tiles (`blockcost`)."""
+    calibration's), every strategy's compute is what the engine runs (`blockcost`): FULL areas
+    at tflops, the attended pairs of PARTIAL blocks at masked_tflops."""
     P = geom.world
     e = torch.empty((), dtype=dtype).element_size()
     a = 8 if dtype == torch.float64 else 4
@@ -186,7 +187,7 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
 
     blocks = None if masked_tflops is None else block_compute_s(
         geom, B=B, H=H, D=D, Dv=Dv, tflops=tflops, masked_tflops=masked_tflops)
-    if blocks is not None:  # what the block path computes, at the two measured rates
+    if blocks is not None:  # what the engine computes per block, at the two measured rates
         for s in ("ring", "allgather"):
             out[s] = replace(out[s], compute_s=blocks)
     why = ulysses_why_not(H, Hkv, P, per_head_mask)
@@ -200,6 +201,10 @@ def estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype
         m = [4 * (P - 1)] * P  # all-to-alls of q, k, v and out + lse; of their gradients
         out["ulysses"] = make("ulysses", [moved] * P, [moved] * P, [moved] * P, [moved] * P,
                               m, m, m, m, even, False)
+    engine = None if masked_tflops is None or not out["ulysses"].feasible else ulysses_compute_s(
+        geom, B=B, H=H, D=D, Dv=Dv, tflops=tflops, masked_tflops=masked_tflops)
+    if engine is not None:  # the same engine over all positions, for H/P heads
+        out["ulysses"] = replace(out["ulysses"], compute_s=engine)
     return out
 
 
@@ -211,11 +216,13 @@ def ulysses_kv_heads(Hkv: int, P: int) -> int:
     return Hkv * P // math.gcd(Hkv, P)
 
 
-def ulysses_why_not(H: int, Hkv: int, P: int, per_head_mask: bool) -> str:
-    """Why the head split does not go over P ranks ("" when it does)."""
+def ulysses_why_not(H: int, Hkv: int, P: int, per_head_mask: bool, over: str = "world") -> str:
+    """Why the head split does not go over P ranks ("" when it does); `over` names P. The only
+    head rule: P divides H (key/value heads then always split, replicated to lcm(Hkv, P))."""
     if H % P:
-        return (f"needs query heads H = {H} divisible by world = {P} (each rank attends H/P "
-                f"whole heads; key/value heads Hkv = {Hkv} are replicated as needed)")
+        return (f"needs query heads H = {H} divisible by {over} = {P} (each rank attends H/{P} "
+                f"whole heads; key/value heads Hkv = {Hkv} are replicated as needed; uneven "
+                f"head splits are not supported)")
     return "a per-head mask cannot be split by heads" if per_head_mask else ""
 
 
@@ -246,7 +253,7 @@ def hybrid_why_not(H: int, Hkv: int, P: int, U: int | None, per_head_mask: bool)
         return "needs ulysses_size=U, the ranks of a group (a divisor of world)"
     if isinstance(U, bool) or not isinstance(U, int) or U < 1 or P % U:
         return f"needs ulysses_size U dividing world = {P}, got {U!r}"
-    return ulysses_why_not(H, Hkv, U, per_head_mask)
+    return ulysses_why_not(H, Hkv, U, per_head_mask, over="ulysses_size U")
 
 
 def hybrid_estimate(geom: Geometry, *, B: int, H: int, Hkv: int, D: int, Dv: int, dtype,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -35,14 +37,43 @@ def fingerprint(mask: Mask | None) -> str | None:
             if isinstance(val, Mask):
                 walk(val)
             elif isinstance(val, torch.Tensor):
-                t = val.detach().cpu().contiguous()
-                h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+                h.update(_digest(val))
             else:
                 h.update(repr(val).encode())
 
     walk(mask)
     return f"{mask!r}"[:160] + f" #{h.hexdigest()[:12]}"
+
+
+#: the digests of the most recently fingerprinted tensors: id -> (weak reference, state, digest)
+_DIGESTS: OrderedDict = OrderedDict()
+DIGEST_CACHE_SIZE = 64
+
+
+def _digest(x: torch.Tensor) -> bytes:
+    """sha1 of the tensor's dtype, shape and bytes; kept while the tensor lives and its version
+    counter (bumped by every in-place write through torch) and layout are unchanged, so a mask
+    passed call after call is hashed once. Caution: a write torch does not see (through a numpy
+    view of the tensor) keeps the old digest."""
+    try:
+        state = (x._version, x.dtype, tuple(x.shape), x.stride(), x.storage_offset(),
+                 x.untyped_storage().data_ptr(), str(x.device))
+    except RuntimeError:  # an inference tensor has no version counter: hash it every time
+        state = None
+    got = _DIGESTS.get(id(x))
+    if state is not None and got is not None and got[0]() is x and got[1] == state:
+        _DIGESTS.move_to_end(id(x))
+        return got[2]
+    t = x.detach().cpu().contiguous()
+    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    d = h.digest()
+    if state is not None:
+        _DIGESTS[id(x)] = (weakref.ref(x), state, d)
+        _DIGESTS.move_to_end(id(x))
+        if len(_DIGESTS) > DIGEST_CACHE_SIZE:
+            _DIGESTS.popitem(last=False)
+    return d
 
 
 def _encode(desc: dict) -> torch.Tensor:
