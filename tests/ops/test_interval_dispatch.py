@@ -45,6 +45,24 @@ def test_auto_names_the_kernel_for_interval_calls(kw):
     assert kernels.status().isa in c.reason
 
 
+def test_a_call_reads_no_file_to_pick_and_name_the_build(monkeypatch):
+    """The CPU's flags are read once per process and the build's source hash only when it
+    loads: a call (its reason names the ISA) reads neither."""
+    from attnlab.ops.kernels import build
+
+    attnlab.attention(*qkv(1, 2, 2, 64, 64, 8), is_causal=True)  # loaded, flags read
+
+    def refuse(*a, **k):
+        raise AssertionError("a file read on the call path")
+
+    monkeypatch.setattr(build, "build_key", refuse)
+    monkeypatch.setattr(build.Path, "read_text", refuse)
+    c = sel(64, mask=masks.sliding_window(8))
+    assert build.chosen_isa() in c.reason
+    q, k, v = qkv(1, 2, 2, 64, 64, 8)
+    attnlab.attention(q, k, v, mask=masks.sliding_window(8))
+
+
 @pytest.mark.parametrize("kw, name", [
     ({}, "sdpa"),  # no mask: PyTorch's fused kernel
     ({"mask": ~masks.causal()}, "sdpa"),  # not intervals: the old rule (small -> dense)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.errors import AttnlabError
 from attnlab.ops import (
     budget,
     flex,
@@ -129,9 +130,13 @@ def _interval_why(p: Problem, need_lse: bool) -> str:
 
 
 def _isa() -> str:
-    from attnlab.ops import kernels
+    """The ISA of the build that runs (for the reason; read on every call, so no file is read)."""
+    from attnlab.ops.kernels import build
 
-    return kernels.status().isa or "?"
+    try:
+        return build.chosen_isa()
+    except AttnlabError:
+        return "?"
 
 
 def _interval(p: Problem) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -88,16 +89,18 @@ def enabled() -> bool:
     return os.environ.get("ATTNLAB_KERNEL", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; else what PyTorch's own dispatch found)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; else what PyTorch's own dispatch found),
+    read once per process: every call that picks a build asks."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     import torch
 
     cap = torch.backends.cpu.get_cpu_capability().upper()
-    return set().union(*(ISA_NEEDS[i] for i in ISAS if cap.startswith(i.upper())))
+    return frozenset().union(*(ISA_NEEDS[i] for i in ISAS if cap.startswith(i.upper())))
 
 
 def runnable() -> tuple[str, ...]:
