@@ -193,7 +193,8 @@ def start_backward(ctx, dout, dlse):
     it, dq_acc zeros (B, H, L_local, D) in the accumulation dtype."""
     c: Call = ctx.c
     q, k, v, out, lse = ctx.saved_tensors
-    dout, dlse = dout.to(c.acc), dlse.to(c.acc)
+    # dense once: an expanded gradient (of out.sum()) would be copied again by every block
+    dout, dlse = dout.to(c.acc).contiguous(), dlse.to(c.acc)
     q_acc = q.to(c.acc)
     if c.geom.mask is not None or not nonfinite.all_finite(q_acc):
         # as `ops.nonfinite` in one process: poisoned rows pass no gradient (NaN stays out of
