@@ -65,3 +65,19 @@ def test_a_dispatch_mode_sees_the_kernels_large_tensors():
         _call(0)
     # q, k, v (3 x 4 MiB) plus the kernel's keys-last copy and out (4 MiB each)
     assert ledger.peak >= 5 * B * H * L * D * 4, ledger.at_peak[:6]
+
+
+def test_zeros_come_from_the_pool_and_are_zeros():
+    need_compiler()
+    assert kernels.available()
+    z = kernels.zeros(B, H, L, D, dtype=torch.float32)
+    ptr = z.data_ptr()
+    z.fill_(float("nan"))  # a dirty block back to the pool
+    del z
+    z = kernels.zeros(B, H, L, D, dtype=torch.float32)
+    assert z.data_ptr() == ptr and z.shape == (B, H, L, D) and z.is_contiguous()
+    assert int(torch.count_nonzero(z)) == 0
+    small = kernels.zeros(3, 5, dtype=torch.float32)  # below the pool's size: glibc's, zeros too
+    assert torch.equal(small, torch.zeros(3, 5))
+    wide = kernels.zeros(2, 3, dtype=torch.float64)  # not the kernel's dtype: torch.zeros
+    assert wide.dtype == torch.float64 and torch.equal(wide, torch.zeros(2, 3, dtype=torch.float64))

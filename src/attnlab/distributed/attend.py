@@ -23,7 +23,7 @@ from attnlab.distributed.blocks import block_backward, dropout_backward, dropout
 from attnlab.distributed.geometry import Geometry, _tiles_exact
 from attnlab.distributed.layouts import Piece
 from attnlab.masks import EMPTY, FULL, PARTIAL
-from attnlab.ops import nonfinite
+from attnlab.ops import kernels, nonfinite
 
 #: most score elements (B·H·rows·keys) one block computes at a time
 SCORE_BUDGET = 1 << 22
@@ -71,10 +71,13 @@ class Call:
                     yield qi, slice(qp.start, qp.start + qp.length), kp, CAUSAL
                     continue
                 if cls != FULL and self._structured_block(qp, kp):
+                    a, b = self._live_rows(qp, kp)
+                    if a >= b:
+                        continue
                     if log:
                         comm.log_pair(qp.length, kp.length)
-                    yield qi, slice(qp.start, qp.start + qp.length), kp, BlockOf(
-                        g.mask, int(qp.positions[0]), int(kp.positions[0]), g.L, g.S)
+                    yield qi, slice(qp.start + a, qp.start + b), kp, BlockOf(
+                        g.mask, int(qp.positions[0]) + a, int(kp.positions[0]), g.L, g.S)
                     continue
                 step = max(1, SCORE_BUDGET // (per_row * kp.length))
                 logged = False
@@ -99,6 +102,21 @@ class Call:
         g = self.geom
         return (self.dropout_p == 0 and g.mask is not None and _run(qp) and _run(kp)
                 and (_tiles_exact(g.mask) or g.intervals is not None))
+
+    def _live_rows(self, qp: Piece, kp: Piece) -> tuple[int, int]:
+        """The rows [a, b) of run qp that may attend some key of run kp, from the mask's
+        per-row intervals (all of qp without them): a window's block against the previous
+        chunk is the band of rows that reach back into it, not the whole chunk."""
+        iv = self.geom.intervals
+        if iv is None:
+            return 0, qp.length
+        q0, k0 = int(qp.positions[0]), int(kp.positions[0])
+        lo, hi = (x[..., q0:q0 + qp.length] for x in iv)  # (Bm, Hm, n) global key bounds
+        n = torch.clamp(hi, max=k0 + kp.length) - torch.clamp(lo, min=k0)  # keys seen in kp
+        live = (n > 0).reshape(-1, qp.length).any(0).nonzero()  # (m, 1) ascending
+        if live.numel() == 0:
+            return 0, 0
+        return int(live[0, 0]), int(live[-1, 0]) + 1
 
     def _causal_diagonal(self, qp: Piece, kp: Piece) -> bool:
         """Under a plain causal mask, the block of a run of consecutive positions against the
@@ -146,7 +164,7 @@ class State:
 def start_state(c: Call, q: torch.Tensor, Dv: int) -> State:
     """The State of nothing seen yet: out 0, lse −inf."""
     B, H, n = q.shape[:3]
-    out = q.new_zeros(B, H, n, Dv, dtype=c.acc)
+    out = kernels.zeros(B, H, n, Dv, dtype=c.acc, device=q.device)
     lse = q.new_full((B, H, n), float("-inf"), dtype=c.acc)
     return State(out, lse, [(out[:, :, p.start:p.start + p.length],
                              lse[:, :, p.start:p.start + p.length]) for p in c.q_pieces])
@@ -193,8 +211,7 @@ def start_backward(ctx, dout, dlse):
     it, dq_acc zeros (B, H, L_local, D) in the accumulation dtype."""
     c: Call = ctx.c
     q, k, v, out, lse = ctx.saved_tensors
-    # dense once: an expanded gradient (of out.sum()) would be copied again by every block
-    dout, dlse = dout.to(c.acc).contiguous(), dlse.to(c.acc)
+    dout, dlse = dout.to(c.acc), dlse.to(c.acc)
     q_acc = q.to(c.acc)
     if c.geom.mask is not None or not nonfinite.all_finite(q_acc):
         # as `ops.nonfinite` in one process: poisoned rows pass no gradient (NaN stays out of
@@ -207,7 +224,7 @@ def start_backward(ctx, dout, dlse):
             lse = lse.masked_fill(dead, float("-inf"))
         q_acc = _finite_rows(q_acc)
     saved = (q_acc, out, lse, dout, dlse)
-    return c, q, k, v, saved, torch.zeros_like(saved[0])
+    return c, q, k, v, saved, kernels.zeros(*q_acc.shape, dtype=c.acc, device=q_acc.device)
 
 
 def _finite_rows(x: torch.Tensor) -> torch.Tensor:
@@ -233,8 +250,8 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece],
             _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(k_buf, kp), _rows(v_buf, kp),
                          overwrite=True)
         return k_buf, v_buf
-    dk = torch.zeros(k_buf.shape, dtype=c.acc, device=k_buf.device)
-    dv = torch.zeros(v_buf.shape, dtype=c.acc, device=v_buf.device)
+    dk = kernels.zeros(*k_buf.shape, dtype=c.acc, device=k_buf.device)
+    dv = kernels.zeros(*v_buf.shape, dtype=c.acc, device=v_buf.device)
     for kp in k_pieces:
         _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(dk, kp), _rows(dv, kp))
     return dk, dv

@@ -356,6 +356,10 @@ double fma_ceiling(int64_t iters) { return fma_loop(iters); }
 // the bytes of freed blocks the pool holds for the next calls (pool.h)
 int64_t pool_cached_bytes() { return (int64_t)Pool::get().cached_bytes(); }
 
+// float32 zeros of `size` on the CPU, a large one from the pool: memory freed by an earlier
+// call, so no page of it faults in again (a context-parallel call's accumulators)
+Tensor pool_zeros(at::IntArrayRef size) { return zeros_big(size, at::TensorOptions().dtype(at::kFloat)); }
+
 }  // namespace
 
 #define ATTNLAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
@@ -371,4 +375,5 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);
   m.def("fma_ceiling(int iters) -> float", &fma_ceiling);
   m.def("pool_cached_bytes() -> int", &pool_cached_bytes);
+  m.def("pool_zeros(int[] size) -> Tensor", &pool_zeros);
 }
