@@ -106,7 +106,7 @@ def test_ulysses_needs_divisible_heads():
 def test_ulysses_replicates_kv_heads_to_lcm(H, Hkv, P, K):
     """K/V travel with lcm(Hkv, P) heads: as many as there are when P divides Hkv, else copies
     so that each rank gets whole heads; the bytes are q's, out's and lse's plus K heads of k, v."""
-    from attnlab.distributed.cost import ulysses_kv_heads
+    from attnlab.distributed.headrule import ulysses_kv_heads
 
     assert ulysses_kv_heads(Hkv, P) == K
     L, D = 64 * P, 32

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from attnlab.distributed import comm
 from attnlab.distributed.attend import Call
-from attnlab.distributed.cost import ulysses_kv_heads
 from attnlab.distributed.grouped import GroupedGeometry
+from attnlab.distributed.headrule import ulysses_kv_heads
 from attnlab.distributed.ring import RingAttention
 from attnlab.distributed.ulysses import _OutLseToSeq, _SeqToHeads
 

@@ -5,7 +5,7 @@ Each rank ends up with every token of H/P query heads (so H must divide by P) an
 key/value heads they read: Hkv/P of them when P divides Hkv; otherwise (GQA with fewer key/value
 heads than ranks, MQA, ...) each key/value head is replicated lcm(Hkv, P)/Hkv times before the
 all-to-all, as DeepSpeed-Ulysses does, so every rank receives whole heads
-(`cost.ulysses_kv_heads`; the replicas' gradients sum back through autograd). It puts the tokens
+(`headrule.ulysses_kv_heads`; the replicas' gradients sum back through autograd). It puts the tokens
 in global order and runs `attnlab.attention` with the mask
 itself, which skips empty tiles and keeps memory linear in L. Autograd runs through the
 all-to-alls (each one's backward is the other). out and lse go back to the sequence shards in one
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from attnlab.distributed import comm, keyed
 from attnlab.distributed.attend import SCORE_BUDGET, Call
 from attnlab.distributed.blocks import dropout_backward, dropout_forward
-from attnlab.distributed.cost import ulysses_kv_heads
+from attnlab.distributed.headrule import ulysses_kv_heads
 
 
 class _SeqToHeads(torch.autograd.Function):
