@@ -107,12 +107,9 @@ class Call:
         """The rows [a, b) of run qp that may attend some key of run kp, from the mask's
         per-row intervals (all of qp without them): a window's block against the previous
         chunk is the band of rows that reach back into it, not the whole chunk."""
-        iv = self.geom.intervals
-        if iv is None:
+        if self.geom.intervals is None:
             return 0, qp.length
-        q0, k0 = int(qp.positions[0]), int(kp.positions[0])
-        lo, hi = (x[..., q0:q0 + qp.length] for x in iv)  # (Bm, Hm, n) global key bounds
-        n = torch.clamp(hi, max=k0 + kp.length) - torch.clamp(lo, min=k0)  # keys seen in kp
+        n = _keys_seen(self.geom, qp, kp)  # (Bm, Hm, rows)
         live = (n > 0).reshape(-1, qp.length).any(0).nonzero()  # (m, 1) ascending
         if live.numel() == 0:
             return 0, 0
@@ -346,13 +343,20 @@ def _run(p: Piece) -> bool:
                                    and int(p.positions[-1] - p.positions[0]) == p.length - 1)
 
 
+def _keys_seen(g: Geometry, qp: Piece, kp: Piece) -> torch.Tensor:
+    """int64 (Bm, Hm, rows): how many keys of run kp each row of run qp may attend, from the
+    mask's per-row intervals (g.intervals must exist)."""
+    q0, k0 = int(qp.positions[0]), int(kp.positions[0])
+    lo, hi = (x[..., q0:q0 + qp.length].long() for x in g.intervals)  # global key bounds
+    return (torch.clamp(hi, max=k0 + kp.length) - torch.clamp(lo, min=k0)).clamp(min=0)
+
+
 def _run_class(g: Geometry, qp: Piece, kp: Piece) -> int:
     """EMPTY, PARTIAL or FULL of a block of two runs, from the mask's tile arithmetic (exact for
     masks whose tiles are exact), the same for every batch element and head only if so."""
     q0, k0 = int(qp.positions[0]), int(kp.positions[0])
     if g.intervals is not None:  # exact for any interval-shaped mask, `&` included
-        lo, hi = (x[..., q0:q0 + qp.length].long() for x in g.intervals)  # (Bm, Hm, Lb)
-        n = (torch.clamp(hi, max=k0 + kp.length) - torch.clamp(lo, min=k0)).clamp(min=0)
+        n = _keys_seen(g, qp, kp)
         if not bool(n.any()):
             return EMPTY
         return FULL if bool((n == kp.length).all()) else PARTIAL
