@@ -12,12 +12,18 @@ def _whole(L, H, Hkv, D, dtype, seed=0):
     return [torch.randn(1, h, L, D, generator=g, dtype=dtype) for h in (H, Hkv, Hkv)]
 
 
-def ring_peak(rank: int, world: int, L: int, H: int, D: int) -> dict:
+def ring_peak(rank: int, world: int, L: int, H: int, D: int, head_split: int | None = None
+              ) -> dict:
     """{"single": one process's peak bytes (rank 0 only), "ring": this rank's} of a causal
-    forward + backward, fp32, each after a warm-up call."""
+    forward + backward, fp32, each after a warm-up call; head_split: the ring's
+    `attend.HEAD_SPLIT_ELEMENTS` (None: as shipped)."""
     import attnlab
     import attnlab.distributed as cp
+    from attnlab.distributed import attend
     from attnlab.distributed.ledger import TensorLedger
+
+    if head_split is not None:
+        attend.HEAD_SPLIT_ELEMENTS = head_split
 
     out = {}
     whole = _whole(L, H, H, D, torch.float32)

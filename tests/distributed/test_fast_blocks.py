@@ -124,14 +124,16 @@ def test_block_intervals_are_the_global_rows_shifted(q0, k0):
     assert BlockOf(~masks.sliding_window(9), q0, k0, 300, 300).intervals(Lb, Sb) is None
 
 
-@pytest.mark.parametrize("mask, band", [
-    (masks.sliding_window(64), (0, 63)),  # rows 512..574 reach back into keys ..511
-    (masks.document(torch.arange(1024) // 300), (0, 88)),  # document 1 spans 300..599
-    (masks.sliding_window(64) & masks.document(torch.arange(1024) // 540), (0, 28)),
+@pytest.mark.parametrize("mask, band, keys", [
+    (masks.sliding_window(64), (0, 63), (449, 512)),  # rows 512..574 reach back to keys 449..
+    (masks.document(torch.arange(1024) // 300), (0, 88), (300, 512)),  # document 1: 300..599
+    (masks.sliding_window(64) & masks.document(torch.arange(1024) // 540), (0, 28),
+     (449, 512)),
 ])
-def test_a_partial_block_runs_only_the_rows_that_reach_its_keys(mask, band):
+def test_a_partial_block_runs_only_the_rows_and_keys_that_reach_each_other(mask, band, keys):
     """P = 1, zigzag: two chunks of 512; the block of chunk 1's rows against chunk 0's keys is
-    the band of rows whose keys reach back into chunk 0, with the mask seen from its first row."""
+    the band of rows whose keys reach back into chunk 0, against the band of keys they reach,
+    with the mask seen from the block's first row and key."""
     from attnlab.distributed.attend import Call
     from attnlab.distributed.geometry import Geometry
 
@@ -139,11 +141,15 @@ def test_a_partial_block_runs_only_the_rows_that_reach_its_keys(mask, band):
     c = Call(geom, None, 0, 1, 0.125, None, torch.float32)
     q = torch.zeros(1, 2, 1024, 8)
     qp, kp = c.q_pieces[1], c.q_pieces[0]
-    got = [(r, a) for qi, r, k, a in c.pairs([kp], q) if qi == 1]
+    got = [(r, k, a) for qi, r, k, a in c.pairs([kp], q) if qi == 1]
     assert len(got) == 1
-    rows, blk = got[0]
+    rows, kq, blk = got[0]
     assert (rows.start - qp.start, rows.stop - qp.start) == band
-    n = rows.stop - rows.start
-    want = mask.to_dense(1024, 1024)[..., 512 + band[0]:512 + band[1], :512]
-    assert torch.equal(blk.to_dense(n, 512), want.expand_as(blk.to_dense(n, 512)))
+    assert (kq.start - kp.start, kq.start - kp.start + kq.length) == keys
+    assert torch.equal(kq.positions, torch.arange(*keys))
+    n, m = rows.stop - rows.start, kq.length
+    dense = mask.to_dense(1024, 1024)
+    want = dense[..., 512 + band[0]:512 + band[1], keys[0]:keys[1]]
+    assert torch.equal(blk.to_dense(n, m), want.expand_as(blk.to_dense(n, m)))
+    assert not bool(dense[..., 512 + band[0]:512 + band[1], :keys[0]].any())
     assert bool(mask.to_dense(1024, 1024)[..., 512 + band[1]:, :512].any()) is False

@@ -167,6 +167,46 @@ def test_strided_and_expanded_inputs():
     assert_close(got[1], want[1], atol=0, rtol=0, what="lse")
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("D,Dv", [(32, 48), (40, 24)])
+def test_row_views_of_every_head_are_read_in_place(isa, D, Dv):
+    """A block of rows of a larger tensor (every head, any batch and head strides: what a
+    context-parallel block passes) gives exactly the answer and gradients of its contiguous
+    copy, forward and backward, with q, k, v and dout not copied."""
+    from attnlab.ops.kernels import gate
+
+    B, H, Hkv, n, m = 2, 4, 2, 90, 110
+    q_all, dout_all = torch.randn(B, H, 2 * n, D), torch.randn(B, H, 2 * n, Dv)
+    k_all, v_all = torch.randn(B, Hkv, 3 * m, D), torch.randn(B, Hkv, 3 * m, Dv)
+    q, dout = q_all[:, :, 17:17 + n], dout_all[:, :, 17:17 + n]
+    k, v = k_all[:, :, m:2 * m], v_all[:, :, 5:5 + m]
+    assert not any(x.is_contiguous() for x in (q, k, v, dout))
+    assert all(gate.rows(x) is x for x in (q, k, v, dout))
+    lo, hi = intervals("window_br", B, n, m)
+    kw = dict(scale=0.2, softcap=5.0, alibi=SLOPES, q_pos0=4, k_pos0=9, isa=isa)
+    out, lse = kernels.interval_forward(q, k, v, lo, hi, **kw)
+    dense = [x.contiguous() for x in (q, k, v, dout)]
+    want_out, want_lse = kernels.interval_forward(*dense[:3], lo, hi, **kw)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    out_rows = torch.zeros(B, H, 2 * n, Dv)[:, :, 3:3 + n].copy_(out)  # a row view as well
+    got = kernels.interval_backward(q, k, v, lo, hi, out_rows, lse, dout, **kw)
+    want = kernels.interval_backward(*dense[:3], lo, hi, want_out, want_lse, dense[3], **kw)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.equal(g, w), name
+
+
+def test_rows_copies_only_what_the_kernel_cannot_read():
+    from attnlab.ops.kernels import gate
+
+    x = torch.randn(2, 3, 10, 8)
+    assert gate.rows(x) is x and gate.rows(x[:, 1:, 2:7]) is not None
+    assert gate.rows(x[:, :, 2:7]).data_ptr() == x[:, :, 2:7].data_ptr()  # rows: in place
+    for bad in (x[..., ::2], x.transpose(2, 3), x[:, :, ::2]):
+        r = gate.rows(bad)
+        assert r.is_contiguous() and torch.equal(r, bad)
+    assert gate.rows(x.half()).dtype == torch.float32
+
+
 def test_dlse_only_and_global_lse():
     """interval_backward with a larger lse than its keys give (a context-parallel block) returns
     the keys' share: summing two halves' dq gives the whole dq."""

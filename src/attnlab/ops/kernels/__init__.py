@@ -20,7 +20,8 @@ csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, b
 the ops, their work queue and the glue's reductions, pool.h the cache of large freed buffers).
 
 Supported: float32, float16 and bfloat16 inputs (converted to float32 at the gate, accumulated in
-float32; out in q's dtype, lse float32); CPU tensors of any strides (copied at the gate).
+float32; out in q's dtype, lse float32); CPU tensors of any strides: read in place when each
+head's rows are contiguous (any batch and head strides), else copied at the gate.
 Caution: float64 is not supported (attnlab's other paths compute it in float64); keys and values
 at positions no row attends must be finite (`attnlab.attention` cleans them before calling).
 """

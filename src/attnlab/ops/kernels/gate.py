@@ -1,8 +1,9 @@
 """The gate of the interval kernel: checks, and the layouts and dtype the C++ code reads.
 
-Everything the kernel cannot take as given is made here, once per call: fp32 contiguous copies
-of inputs in other dtypes or strides, Kᵀ (and Vᵀ for the backward) with the key dimension
-contiguous in chunks of 16 keys, k and v rows padded to a multiple of 16 floats.
+Everything the kernel cannot take as given is made here, once per call: fp32 copies of inputs
+in other dtypes or whose rows are not contiguous (any batch and head strides are read in
+place), Kᵀ (and Vᵀ for the backward) with the key dimension contiguous in chunks of 16 keys,
+k and v rows padded to a multiple of 16 floats.
 These copies cost O(S·D); the attention they serve costs O(L·S·D) or O(L·w·D).
 """
 
@@ -108,12 +109,23 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).contiguous()
 
 
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, n, m) as float32 whose every head's rows are contiguous, any batch and head strides
+    (what the kernel reads in place): x itself when it already is, e.g. rows [a, b) of every
+    head of a larger tensor, a context-parallel block's view of its shard; else a copy."""
+    x = x.to(torch.float32)
+    n, m = x.shape[-2:]
+    if (m <= 1 or x.stride(3) == 1) and (n <= 1 or x.stride(2) == m):
+        return x
+    return x.contiguous()
+
+
 def rows_padded(x: torch.Tensor) -> torch.Tensor:
     """(B, Hkv, S, n) -> float32 (B, Hkv, S, n padded to PAD), the padding zero."""
     n = x.shape[-1]
     width = -(-n // PAD) * PAD
     if width == n:
-        return dense(x)
+        return rows(x)
     out = x.new_empty(*x.shape[:-1], width, dtype=torch.float32)
     out[..., :n] = x
     out[..., n:] = 0

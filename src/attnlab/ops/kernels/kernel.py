@@ -38,7 +38,7 @@ def _fwd(c: Call, q, k, v, isa=None):
         out = q.new_zeros(c.B, c.H, c.L, c.Dv)
         return out, q.new_full((c.B, c.H, c.L), float("-inf"), dtype=torch.float32), None
     ops = _ops(isa)
-    qf, kt, vp = gate.dense(q), ops.keys_last(gate.dense(k)), gate.rows_padded(v)
+    qf, kt, vp = gate.rows(q), ops.keys_last(gate.rows(k)), gate.rows_padded(v)
     out, lse = ops.fwd(qf, kt, vp, c.lo, c.hi, c.slopes, c.scale, c.softcap, c.pos_off,
                              c.Dv)
     return out.to(q.dtype), lse, (qf, kt, vp)
@@ -49,13 +49,13 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
     if c.empty:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     ops = _ops(isa)
-    qf, kt, vp = prepared or (gate.dense(q), ops.keys_last(gate.dense(k)), gate.rows_padded(v))
-    go = gate.dense(dout)  # (B, H, L, Dv)
-    delta = ops.row_dot(go, gate.dense(out))  # rowsum(dO ∘ O): (B, H, L, Dv) -> (B, H, L)
+    qf, kt, vp = prepared or (gate.rows(q), ops.keys_last(gate.rows(k)), gate.rows_padded(v))
+    go = gate.rows(dout)  # (B, H, L, Dv)
+    delta = ops.row_dot(go, gate.rows(out))  # rowsum(dO ∘ O): (B, H, L, Dv) -> (B, H, L)
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)
     lse = gate.dense(lse)
-    vt = ops.keys_last(gate.dense(v))
+    vt = ops.keys_last(gate.rows(v))
     dq, dk, dv = ops.bwd(qf, gate.rows_padded(k), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
                          delta.contiguous(), go, c.scale, c.softcap, c.pos_off, _bwd_mode())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

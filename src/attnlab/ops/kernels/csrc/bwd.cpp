@@ -17,15 +17,15 @@ struct Rows {  // one query panel's packed inputs and per-row data
 };
 
 // pack q (ld ldq) and dO (ld ldv) of panel p of head (b, h); zero rows past L
-void load_rows(const Problem& pr, const float* lse, const float* delta, const float* dout, int b,
-               int h, int p, int ldq, float* Qs, float* dOs, Rows& rw) {
+void load_rows(const Problem& pr, const float* lse, const float* delta, int b, int h, int p,
+               int ldq, float* Qs, float* dOs, Rows& rw) {
   const int L = pr.L, D = pr.D, Dv = pr.Dv;
   const int64_t bh = (int64_t)b * pr.H + h;
   rw.i0 = p * BQ;
   rw.nr = std::min(BQ, L - rw.i0);
   rw.ng = (rw.nr + RQ - 1) / RQ;
-  const float* q = pr.q + (bh * L + rw.i0) * D;
-  const float* go = dout + (bh * L + rw.i0) * Dv;
+  const float* q = pr.q_rows(b, h) + (int64_t)rw.i0 * D;
+  const float* go = pr.dout_rows(b, h) + (int64_t)rw.i0 * Dv;
   for (int r = 0; r < rw.ng * RQ; ++r) {
     const bool in = r < rw.nr;
     for (int d = 0; d < ldq; ++d) Qs[r * ldq + d] = in && d < D ? q[r * D + d] : 0.0f;
@@ -90,7 +90,7 @@ size_t dq_scratch(const Problem& pr) {
 }
 
 void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-             const float* dout, int64_t item, float* dq, float* scratch) {
+             int64_t item, float* dq, float* scratch) {
   const int P = pn.P, D = pr.D, ldk = pr.ldk, ldv = pr.ldv;
   const int64_t bh = item / P;
   const int p = (int)(item % P), b = (int)(bh / pr.H), h = (int)(bh % pr.H);
@@ -108,12 +108,12 @@ void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float*
     zero_span(out, nr * D);
     return;
   }
-  load_rows(pr, lse, delta, dout, b, h, p, D, Qs, dOs, rw);
+  load_rows(pr, lse, delta, b, h, p, D, Qs, dOs, rw);
   zero_span(dQ, rw.ng * RQ * ldk);
   const int64_t kv = (int64_t)b * pr.Hkv + hk;
   const float* kt = pr.kt + kv * D * pr.S16;      // (S16/PAD, D, PAD)
   const float* vt = pr.vt + kv * pr.Dv * pr.S16;  // (S16/PAD, Dv, PAD)
-  const float* k = pr.k + kv * pr.S * ldk;        // (S, ldk)
+  const float* k = pr.k_rows(b, hk);              // (S, ldk)
   const float slope = pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f;
   for (int j0 = pn.klo[at] & ~(PAD - 1); j0 < pn.khi[at]; j0 += BK) {
     for (int g = 0; g < rw.ng; ++g) {
@@ -139,8 +139,7 @@ size_t dkdv_scratch(const Problem& pr) {
 }
 
 void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-               const float* dout, int64_t item, float* dk, float* dv, float* dqacc,
-               float* scratch) {
+               int64_t item, float* dk, float* dv, float* dqacc, float* scratch) {
   const int nkp = (pr.S + KP - 1) / KP, ldk = pr.ldk, ldv = pr.ldv, D = pr.D, Dv = pr.Dv;
   const int64_t kv = item / nkp;
   const int b = (int)(kv / pr.Hkv), hk = (int)(kv % pr.Hkv), G = pr.H / pr.Hkv;
@@ -161,7 +160,7 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
     for (int p = 0; p < pn.P; ++p) {
       const int64_t at = pn.at(b, h, p);
       if (pn.live[at] == 0 || pn.khi[at] <= kp0 || pn.klo[at] >= kp1) continue;
-      load_rows(pr, lse, delta, dout, b, h, p, ldk, Qs, dOs, rw);
+      load_rows(pr, lse, delta, b, h, p, ldk, Qs, dOs, rw);
       int ka = kp1, kb = kp0;
       for (int g = 0; g < rw.ng; ++g) {
         const int r0 = g * RQ;
@@ -177,7 +176,7 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
           // dQ[rows] += dS[:, ga:gb] @ K[ga:gb]   (RQ, keys) @ (keys, D) -> (RQ, D)
           float* acc = dqacc + (((int64_t)b * pr.H + h) * pn.P * BQ + rw.i0 + r0) * ldk;
           outer_rows(acc, ldk, nullptr, dSb + r0 * KP + (ga - kp0), KP, 1,
-                     pr.k + (kv * pr.S + ga) * ldk, ldk, gb - ga, ldk);
+                     pr.k_rows(b, hk) + (int64_t)ga * ldk, ldk, gb - ga, ldk);
         }
         ka = std::min(ka, ga);
         kb = std::max(kb, gb);

@@ -114,7 +114,7 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
   float* m = Sb + RQ * BK;             // (BQ,) running max
   float* l = m + BQ;                   // (BQ,) running sum
   float* alpha = l + BQ;               // (RQ,)
-  const float* q = pr.q + (bh * L + i0) * D;
+  const float* q = pr.q_rows(b, h) + (int64_t)i0 * D;
   const float* Qs = q;  // whole groups are read in place
   if (nr % RQ) {
     std::copy(q, q + (int64_t)nr * D, Qp);
@@ -143,7 +143,7 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
   }
   const int64_t kv = (int64_t)b * pr.Hkv + hk;
   const float* kt = pr.kt + kv * D * pr.S16;  // (S16/PAD, D, PAD)
-  const float* v = pr.v + kv * pr.S * ldv;    // (S, ldv)
+  const float* v = pr.v_rows(b, hk);          // (S, ldv)
   RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f,
              pr.slopes ? pr.slopes[b * pr.slope_sb + h] : 0.0f, pr.slopes != nullptr, 0,
              pr.scale};

@@ -19,11 +19,15 @@ struct Problem {
   int B, H, Hkv, L, S, D, Dv;
   int S16;            // padded key count: the row length of kt and vt
   int ldk, ldv;       // row strides of k and v: D and Dv padded to PAD
+  // q, k, v and dout: each head's rows contiguous (row stride D, ldk, ldv, Dv), any batch and
+  // head strides (a block of a context-parallel shard: rows of every head, nothing copied)
   const float* q;     // (B, H, L, D)
   const float* k;     // (B, Hkv, S, ldk), backward only
   const float* kt;    // (B, Hkv, D, S16): keys contiguous
   const float* v;     // (B, Hkv, S, ldv)
   const float* vt;    // (B, Hkv, Dv, S16), backward only
+  const float* dout;  // (B, H, L, Dv), backward only
+  int64_t q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, g_sb, g_sh;  // batch and head strides (g: dout)
   const int32_t* lo;  // (Bl, Hl, L) first key of each row
   const int32_t* hi;  // (Bl, Hl, L) one past its last key
   int64_t lo_sb, lo_sh;   // batch and head strides of lo/hi (0 where broadcast)
@@ -33,6 +37,11 @@ struct Problem {
   int pos_off;            // global position of key 0 minus that of query row 0
   int Bl, Hl;             // batch and head sizes of lo/hi (1 or B, 1 or H)
   bool stream_out;        // forward: out rows are whole aligned vectors, written past the caches
+
+  const float* q_rows(int64_t b, int64_t h) const { return q + b * q_sb + h * q_sh; }
+  const float* k_rows(int64_t b, int64_t hk) const { return k + b * k_sb + hk * k_sh; }
+  const float* v_rows(int64_t b, int64_t hk) const { return v + b * v_sb + hk * v_sh; }
+  const float* dout_rows(int64_t b, int64_t h) const { return dout + b * g_sb + h * g_sh; }
 };
 
 // Each query panel's union of key intervals, per (b|1, h|1) of lo/hi: [klo, khi) and live rows.
@@ -52,17 +61,16 @@ size_t fwd_scratch(const Problem& pr);
 void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, float* lse,
               float* scratch);
 
-// backward. lse, delta (B, H, L); dout (B, H, L, Dv).
+// backward. lse, delta (B, H, L) contiguous; dout in the Problem.
 // dQ pass: item = (b·H + h)·P + panel; dq (B, H, L, D)
 size_t dq_scratch(const Problem& pr);
 void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-             const float* dout, int64_t item, float* dq, float* scratch);
+             int64_t item, float* dq, float* scratch);
 // dK/dV pass: item = (b·Hkv + hk)·nKP + key panel; dk (B, Hkv, S, D), dv (B, Hkv, S, Dv).
 // dqacc (B, H, P·BQ, ldk), or null: dS @ K is also added there, which makes the dQ pass
 // unnecessary; only race-free when one thread runs every key panel of a (b, hk) in turn
 size_t dkdv_scratch(const Problem& pr);
 void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
-               const float* dout, int64_t item, float* dk, float* dv, float* dqacc,
-               float* scratch);
+               int64_t item, float* dk, float* dv, float* dqacc, float* scratch);
 
 }  // namespace attnlab_k

@@ -35,12 +35,23 @@ void expect(const Tensor& t, const char* name, int dims) {
   TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor");
 }
 
+// a 4-d tensor whose every head's rows are contiguous (row stride = the last size, unit stride
+// within a row): the kernel reads it in place with its batch and head strides (a view of a
+// context-parallel shard's rows, a head-sliced gradient), nothing copied
+void expect_rows(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 4 && (t.size(3) <= 1 || t.stride(3) == 1) &&
+                  (t.size(2) <= 1 || t.stride(2) == t.size(3)),
+              name, ": expected a 4-d tensor whose rows are contiguous, got sizes ", t.sizes(),
+              " strides ", t.strides());
+  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor");
+}
+
 Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const Tensor& lo,
                      const Tensor& hi, const std::optional<Tensor>& slopes, double scale,
                      double softcap, int64_t pos_off, int64_t Dv) {
-  expect(q, "q", 4);
+  expect_rows(q, "q");
   expect(kt, "kt", 5);
-  expect(v, "v", 4);
+  expect_rows(v, "v");
   expect(lo, "lo", 3);
   expect(hi, "hi", 3);
   TORCH_CHECK(q.scalar_type() == at::kFloat && kt.scalar_type() == at::kFloat &&
@@ -72,6 +83,10 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   pr.q = q.data_ptr<float>();
   pr.kt = kt.data_ptr<float>();
   pr.v = v.data_ptr<float>();
+  pr.q_sb = q.stride(0);
+  pr.q_sh = q.stride(1);
+  pr.v_sb = v.stride(0);
+  pr.v_sh = v.stride(1);
   pr.lo = lo.data_ptr<int32_t>();
   pr.hi = hi.data_ptr<int32_t>();
   pr.slopes = nullptr;
@@ -187,24 +202,32 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
                                        int64_t mode) {
   const int64_t Dv = dout.size(3);
   Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
-  expect(k, "k", 4);
+  expect_rows(k, "k");
   expect(vt, "vt", 5);
   expect(lse, "lse", 3);
   expect(delta, "delta", 3);
-  expect(dout, "dout", 4);
+  expect_rows(dout, "dout");
   TORCH_CHECK(k.size(2) == pr.S && k.size(3) == pr.ldk, "k: expected (B, Hkv, S, D padded)");
   TORCH_CHECK(vt.size(2) * PAD == pr.S16 && vt.size(3) == Dv, "vt: expected (B, Hkv, S16/PAD, Dv, PAD)");
   TORCH_CHECK(dout.size(2) == pr.L && lse.size(2) == pr.L && delta.size(2) == pr.L,
               "dout, lse, delta: one row per query");
+  TORCH_CHECK(k.size(0) == pr.B && k.size(1) == pr.Hkv && dout.size(0) == pr.B &&
+                  dout.size(1) == pr.H && lse.size(0) == pr.B && lse.size(1) == pr.H &&
+                  delta.size(0) == pr.B && delta.size(1) == pr.H,
+              "k, dout, lse, delta: expected the batch and heads of kt and q");
   pr.k = k.data_ptr<float>();
+  pr.k_sb = k.stride(0);
+  pr.k_sh = k.stride(1);
   pr.vt = vt.data_ptr<float>();
+  pr.dout = dout.data_ptr<float>();
+  pr.g_sb = dout.stride(0);
+  pr.g_sh = dout.stride(1);
   Tensor dq = empty_big({pr.B, pr.H, pr.L, pr.D}, q.options());
   Tensor dk = empty_big({pr.B, pr.Hkv, pr.S, pr.D}, q.options());
   Tensor dv = empty_big({pr.B, pr.Hkv, pr.S, pr.Dv}, q.options());
   const Panels pn = make_panels(pr);
   const float* pl = lse.data_ptr<float>();
   const float* pd = delta.data_ptr<float>();
-  const float* pg = dout.data_ptr<float>();
   float* odq = dq.data_ptr<float>();
   float* odk = dk.data_ptr<float>();
   float* odv = dv.data_ptr<float>();
@@ -234,7 +257,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
     for (int64_t i = 0; i < (int64_t)kcost.size(); ++i) hcost[i / nkp] += kcost[i];
     run_items(by_cost(hcost), dkdv_scratch(pr), [&](int64_t kv, float* buf) {
       for (int kp = 0; kp < nkp; ++kp)  // a panel no row attends still writes its zeros
-        dkdv_item(pr, pn, pl, pd, pg, kv * nkp + kp, odk, odv, pa, buf);
+        dkdv_item(pr, pn, pl, pd, kv * nkp + kp, odk, odv, pa, buf);
       const int64_t b = kv / pr.Hkv, hk = kv % pr.Hkv;
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {  // dQ = acc · scale
         const float* a = pa + (b * pr.H + h) * Lp * ldk;
@@ -246,10 +269,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
     return {dq, dk, dv};
   }
   run_items(by_cost(kcost), dkdv_scratch(pr), [&](int64_t item, float* buf) {
-    dkdv_item(pr, pn, pl, pd, pg, item, odk, odv, nullptr, buf);
+    dkdv_item(pr, pn, pl, pd, item, odk, odv, nullptr, buf);
   });
   run_items(by_cost(query_costs(pr, pn)), dq_scratch(pr), [&](int64_t item, float* buf) {
-    dq_item(pr, pn, pl, pd, pg, item, odq, buf);
+    dq_item(pr, pn, pl, pd, item, odq, buf);
   });
   return {dq, dk, dv};
 }
@@ -259,9 +282,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
 // chunks.
 // (PyTorch's strided copy of the same runs ~6x slower than even a plain loop.)
 Tensor keys_last(const Tensor& x) {
-  expect(x, "x", 4);
+  expect_rows(x, "x");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
-  const int64_t BH = x.size(0) * x.size(1), S = x.size(2), n = x.size(3);
+  const int64_t BH = x.size(0) * x.size(1), H = x.size(1), S = x.size(2), n = x.size(3);
+  const int64_t sb = x.stride(0), sh = x.stride(1);
   const int64_t nc = (S + PAD - 1) / PAD, per = 64;  // chunks per work item
   const int64_t runs = (nc + per - 1) / per;
   Tensor out = empty_big({x.size(0), x.size(1), nc, n, PAD}, x.options());
@@ -274,7 +298,7 @@ Tensor keys_last(const Tensor& x) {
   run_items(order, 0, [&](int64_t item, float*) {
     const int64_t bh = item / runs, c1 = std::min(nc, (item % runs + 1) * per);
     for (int64_t c = (item % runs) * per; c < c1; ++c) {
-      const float* xs = src + (bh * S + c * PAD) * n;  // PAD rows of n
+      const float* xs = src + (bh / H) * sb + (bh % H) * sh + c * PAD * n;  // PAD rows of n
       float* o = dst + (bh * nc + c) * n * PAD;        // (n, PAD)
       const int64_t rows = std::min<int64_t>(PAD, S - c * PAD);
       if (c + 2 < c1)  // the chunk after next: its lines arrive while these are transposed
@@ -321,26 +345,42 @@ bool all_finite(const Tensor& x) {
   return !bad.load();
 }
 
-// (N,) the dot products of the rows of a and b, both (N, n) float32 contiguous:
-// the backward's delta = rowsum(dO ∘ O)
-Tensor row_dot(const Tensor& a, const Tensor& b) {
-  TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-                  a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() &&
-                  a.dim() >= 1,
-              "row_dot: two float32 contiguous tensors of one shape");
-  const int64_t n = a.size(-1), N = n ? a.numel() / n : 0;
-  Tensor out = at::empty(a.sizes().slice(0, a.dim() - 1), a.options());
+// a 4-d view of x's rows: x itself when its heads' rows are contiguous, else (1, 1, N, n) of a
+// contiguous x
+Tensor rows4(const Tensor& x) {
+  if (x.dim() == 4 && (x.size(3) <= 1 || x.stride(3) == 1) &&
+      (x.size(2) <= 1 || x.stride(2) == x.size(3)))
+    return x;
+  TORCH_CHECK(x.is_contiguous() && x.dim() >= 1, "row_dot: expected contiguous rows, got sizes ",
+              x.sizes(), " strides ", x.strides());
+  const int64_t n = x.size(-1);
+  return x.view({1, 1, n ? x.numel() / n : 0, n});
+}
+
+// (..., L) the dot products of the rows of a and b, float32 of one shape, each head's rows
+// contiguous (any batch and head strides) or all contiguous: the backward's
+// delta = rowsum(dO ∘ O)
+Tensor row_dot(const Tensor& a0, const Tensor& b0) {
+  TORCH_CHECK(a0.scalar_type() == at::kFloat && b0.scalar_type() == at::kFloat &&
+                  a0.sizes() == b0.sizes() && a0.dim() >= 1,
+              "row_dot: two float32 tensors of one shape, got ", a0.sizes(), " and ", b0.sizes());
+  const Tensor a = rows4(a0), b = rows4(b0);
+  const int64_t H = a.size(1), L = a.size(2), n = a.size(3), N = a.size(0) * H * L;
+  Tensor out = at::empty(a0.sizes().slice(0, a0.dim() - 1), a0.options());
   const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>();
+  const int64_t asb = a.stride(0), ash = a.stride(1), bsb = b.stride(0), bsh = b.stride(1);
   float* po = out.data_ptr<float>();
   run_ranges(N, std::max<int64_t>(1, GLUE_CHUNK / std::max<int64_t>(n, 1)),
-             [&](int64_t b0, int64_t e0) {
-    for (int64_t r = b0; r < e0; ++r) {
-      const float *x = pa + r * n, *y = pb + r * n;
+             [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bb = r / (H * L), h = r / L % H, i = r % L;
+      const float* x = pa + bb * asb + h * ash + i * n;
+      const float* y = pb + bb * bsb + h * bsh + i * n;
       vf acc = vzero();
-      int64_t i = 0;
-      for (; i + W <= n; i += W) acc = vfma(vload(x + i), vload(y + i), acc);
+      int64_t k = 0;
+      for (; k + W <= n; k += W) acc = vfma(vload(x + k), vload(y + k), acc);
       float t = hsum(acc);
-      for (; i < n; ++i) t += x[i] * y[i];
+      for (; k < n; ++k) t += x[k] * y[k];
       po[r] = t;
     }
   });
