@@ -195,6 +195,24 @@ def test_row_views_of_every_head_are_read_in_place(isa, D, Dv):
         assert torch.equal(g, w), name
 
 
+@pytest.mark.parametrize("isa", isa_params())
+def test_a_gradient_of_any_strides_is_read_in_place(isa):
+    """dout expanded from one value (the gradient of out.sum()), per row, or transposed gives
+    exactly the gradients of its contiguous copy."""
+    B, H, Hkv, L, S, D = 1, 4, 2, 70, 90, 32
+    q, k, v = torch.randn(B, H, L, D), torch.randn(B, Hkv, S, D), torch.randn(B, Hkv, S, D)
+    lo, hi = intervals("window_br", B, L, S)
+    kw = dict(scale=0.2, softcap=5.0, alibi=SLOPES, isa=isa)
+    out, lse = kernels.interval_forward(q, k, v, lo, hi, **kw)
+    for dout in (torch.tensor(1.0).expand(B, H, L, D),
+                 torch.randn(B, H, L, 1).expand(-1, -1, -1, D),
+                 torch.randn(B, D, H, L).permute(0, 2, 3, 1)):
+        got = kernels.interval_backward(q, k, v, lo, hi, out, lse, dout, **kw)
+        want = kernels.interval_backward(q, k, v, lo, hi, out, lse, dout.contiguous(), **kw)
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_rows_copies_only_what_the_kernel_cannot_read():
     from attnlab.ops.kernels import gate
 

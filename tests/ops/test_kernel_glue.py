@@ -47,6 +47,22 @@ def test_row_dot_is_the_rowwise_dot_product(ops, n):
     torch.testing.assert_close(got.double(), want, atol=1e-5 * n ** 0.5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 15, 64])
+def test_row_dot_reads_any_strides_in_place(ops, n):
+    """Rows of every head, transposed rows, and one value expanded (the gradient of a sum)."""
+    base = torch.randn(2, 3, 120, n)
+    b = torch.randn(2, 3, 97, n)
+    cases = [base[:, :, 5:102],  # a row range of every head
+             torch.randn(2, n, 3, 97).permute(0, 2, 3, 1),  # element stride != 1
+             torch.tensor(0.75).expand(2, 3, 97, n),  # one value, every stride 0
+             torch.randn(2, 1, 97, 1).expand(2, 3, 97, n)]  # one value per row
+    for a in cases:
+        want = (a.double() * b.double()).sum(-1)
+        for x, y in ((a, b), (b, a)):
+            got = ops.row_dot(x, y)
+            torch.testing.assert_close(got.double(), want, atol=1e-5 * n ** 0.5, rtol=1e-5)
+
+
 def test_nonfinite_check_uses_the_loaded_kernel(monkeypatch):
     need_compiler()
     ops = build.get()

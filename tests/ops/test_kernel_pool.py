@@ -14,7 +14,7 @@ from attnlab.distributed.ledger import TensorLedger
 from attnlab.ops import kernels
 from interval_cases import formula, intervals, need_compiler
 
-# (B, H, L, D): an output of 4 MiB, the smallest the pool serves
+# (B, H, L, D): an output of 4 MiB (the pool serves 1 MiB and more)
 B, H, L, D = 1, 4, 4096, 64
 
 

@@ -45,7 +45,7 @@ def available(isa: str | None = None) -> bool:
 
 
 def cached_bytes(isa: str | None = None) -> int:
-    """Bytes of freed large buffers (4 MiB and more) the kernel keeps for its next calls, at most
+    """Bytes of freed large buffers (1 MiB and more) the kernel keeps for its next calls, at most
     512 MiB; 0 when the cache is off (ATTNLAB_KERNEL_POOL=0) or the kernel is not built."""
     ops = _get(isa)
     return 0 if ops is None else int(ops.pool_cached_bytes())

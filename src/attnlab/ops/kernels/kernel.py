@@ -50,8 +50,8 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     ops = _ops(isa)
     qf, kt, vp = prepared or (gate.rows(q), ops.keys_last(gate.rows(k)), gate.rows_padded(v))
-    go = gate.rows(dout)  # (B, H, L, Dv)
-    delta = ops.row_dot(go, gate.rows(out))  # rowsum(dO ∘ O): (B, H, L, Dv) -> (B, H, L)
+    go = dout.to(torch.float32)  # (B, H, L, Dv), any strides (a sum's gradient: one value)
+    delta = ops.row_dot(go, out.to(torch.float32))  # rowsum(dO ∘ O): (B, H, L, Dv) -> (B, H, L)
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)
     lse = gate.dense(lse)

@@ -25,11 +25,12 @@ void load_rows(const Problem& pr, const float* lse, const float* delta, int b, i
   rw.nr = std::min(BQ, L - rw.i0);
   rw.ng = (rw.nr + RQ - 1) / RQ;
   const float* q = pr.q_rows(b, h) + (int64_t)rw.i0 * D;
-  const float* go = pr.dout_rows(b, h) + (int64_t)rw.i0 * Dv;
+  const float* go = pr.dout_rows(b, h) + rw.i0 * pr.g_sl;
   for (int r = 0; r < rw.ng * RQ; ++r) {
     const bool in = r < rw.nr;
     for (int d = 0; d < ldq; ++d) Qs[r * ldq + d] = in && d < D ? q[r * D + d] : 0.0f;
-    for (int d = 0; d < pr.ldv; ++d) dOs[r * pr.ldv + d] = in && d < Dv ? go[r * Dv + d] : 0.0f;
+    for (int d = 0; d < pr.ldv; ++d)
+      dOs[r * pr.ldv + d] = in && d < Dv ? go[r * pr.g_sl + d * pr.g_sd] : 0.0f;
   }
   const int32_t* lo = pr.lo + b * (pr.Bl > 1 ? pr.lo_sb : 0) + h * (pr.Hl > 1 ? pr.lo_sh : 0) + rw.i0;
   const int32_t* hi = pr.hi + (lo - pr.lo);

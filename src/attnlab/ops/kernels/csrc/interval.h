@@ -19,15 +19,17 @@ struct Problem {
   int B, H, Hkv, L, S, D, Dv;
   int S16;            // padded key count: the row length of kt and vt
   int ldk, ldv;       // row strides of k and v: D and Dv padded to PAD
-  // q, k, v and dout: each head's rows contiguous (row stride D, ldk, ldv, Dv), any batch and
-  // head strides (a block of a context-parallel shard: rows of every head, nothing copied)
+  // q, k, v: each head's rows contiguous (row stride D, ldk, ldv), any batch and head strides
+  // (a block of a context-parallel shard: rows of every head, nothing copied); dout: any strides
+  // (the gradient of a sum is one value expanded), read once per panel into a packed copy
   const float* q;     // (B, H, L, D)
   const float* k;     // (B, Hkv, S, ldk), backward only
   const float* kt;    // (B, Hkv, D, S16): keys contiguous
   const float* v;     // (B, Hkv, S, ldv)
   const float* vt;    // (B, Hkv, Dv, S16), backward only
   const float* dout;  // (B, H, L, Dv), backward only
-  int64_t q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, g_sb, g_sh;  // batch and head strides (g: dout)
+  int64_t q_sb, q_sh, k_sb, k_sh, v_sb, v_sh;  // batch and head strides
+  int64_t g_sb, g_sh, g_sl, g_sd;              // dout's strides: batch, head, row, element
   const int32_t* lo;  // (Bl, Hl, L) first key of each row
   const int32_t* hi;  // (Bl, Hl, L) one past its last key
   int64_t lo_sb, lo_sh;   // batch and head strides of lo/hi (0 where broadcast)

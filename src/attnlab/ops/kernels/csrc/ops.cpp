@@ -206,7 +206,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
   expect(vt, "vt", 5);
   expect(lse, "lse", 3);
   expect(delta, "delta", 3);
-  expect_rows(dout, "dout");
+  TORCH_CHECK(dout.dim() == 4 && dout.device().is_cpu(), "dout: expected a 4-d CPU tensor, got ",
+              dout.sizes());
   TORCH_CHECK(k.size(2) == pr.S && k.size(3) == pr.ldk, "k: expected (B, Hkv, S, D padded)");
   TORCH_CHECK(vt.size(2) * PAD == pr.S16 && vt.size(3) == Dv, "vt: expected (B, Hkv, S16/PAD, Dv, PAD)");
   TORCH_CHECK(dout.size(2) == pr.L && lse.size(2) == pr.L && delta.size(2) == pr.L,
@@ -222,6 +223,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
   pr.dout = dout.data_ptr<float>();
   pr.g_sb = dout.stride(0);
   pr.g_sh = dout.stride(1);
+  pr.g_sl = dout.stride(2);
+  pr.g_sd = dout.stride(3);
   Tensor dq = empty_big({pr.B, pr.H, pr.L, pr.D}, q.options());
   Tensor dk = empty_big({pr.B, pr.Hkv, pr.S, pr.D}, q.options());
   Tensor dv = empty_big({pr.B, pr.Hkv, pr.S, pr.Dv}, q.options());
@@ -345,44 +348,66 @@ bool all_finite(const Tensor& x) {
   return !bad.load();
 }
 
-// a 4-d view of x's rows: x itself when its heads' rows are contiguous, else (1, 1, N, n) of a
-// contiguous x
-Tensor rows4(const Tensor& x) {
-  if (x.dim() == 4 && (x.size(3) <= 1 || x.stride(3) == 1) &&
-      (x.size(2) <= 1 || x.stride(2) == x.size(3)))
-    return x;
-  TORCH_CHECK(x.is_contiguous() && x.dim() >= 1, "row_dot: expected contiguous rows, got sizes ",
-              x.sizes(), " strides ", x.strides());
-  const int64_t n = x.size(-1);
-  return x.view({1, 1, n ? x.numel() / n : 0, n});
+// where each row of x starts: a row index -> element offset, for any strides of the leading dims
+struct RowIndex {
+  std::vector<int64_t> size, stride;  // the leading dims, innermost last
+  explicit RowIndex(const Tensor& x) {
+    for (int64_t i = 0; i + 1 < x.dim(); ++i) {
+      size.push_back(x.size(i));
+      stride.push_back(x.stride(i));
+    }
+  }
+  int64_t at(int64_t r) const {
+    int64_t off = 0;
+    for (int64_t i = (int64_t)size.size() - 1; i >= 0; --i) {
+      off += r % size[i] * stride[i];
+      r /= size[i];
+    }
+    return off;
+  }
+};
+
+// Σ x[k·sx]·y[k·sy] over k < n: vectors where both strides are 1; a row of one value repeated
+// (stride 0) is that value times the other row's sum
+static inline float row_dot_1(const float* x, int64_t sx, const float* y, int64_t sy, int64_t n) {
+  if (sx == 0) {
+    std::swap(x, y);
+    std::swap(sx, sy);
+  }
+  vf acc = vzero();
+  int64_t k = 0;
+  if (sy == 0) {
+    if (sx == 1)
+      for (; k + W <= n; k += W) acc = vadd(acc, vload(x + k));
+    float t = hsum(acc);
+    for (; k < n; ++k) t += x[k * sx];
+    return t * y[0];
+  }
+  if (sx == 1 && sy == 1)
+    for (; k + W <= n; k += W) acc = vfma(vload(x + k), vload(y + k), acc);
+  float t = hsum(acc);
+  for (; k < n; ++k) t += x[k * sx] * y[k * sy];
+  return t;
 }
 
-// (..., L) the dot products of the rows of a and b, float32 of one shape, each head's rows
-// contiguous (any batch and head strides) or all contiguous: the backward's
-// delta = rowsum(dO ∘ O)
-Tensor row_dot(const Tensor& a0, const Tensor& b0) {
-  TORCH_CHECK(a0.scalar_type() == at::kFloat && b0.scalar_type() == at::kFloat &&
-                  a0.sizes() == b0.sizes() && a0.dim() >= 1,
-              "row_dot: two float32 tensors of one shape, got ", a0.sizes(), " and ", b0.sizes());
-  const Tensor a = rows4(a0), b = rows4(b0);
-  const int64_t H = a.size(1), L = a.size(2), n = a.size(3), N = a.size(0) * H * L;
-  Tensor out = at::empty(a0.sizes().slice(0, a0.dim() - 1), a0.options());
+// (...) the dot products of the rows of a and b, float32 CPU tensors of one shape (..., n), any
+// strides: the backward's delta = rowsum(dO ∘ O), read in place (dO may be the gradient of a sum:
+// one value expanded)
+Tensor row_dot(const Tensor& a, const Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+                  a.sizes() == b.sizes() && a.dim() >= 1 && a.device().is_cpu() &&
+                  b.device().is_cpu(),
+              "row_dot: two float32 CPU tensors of one shape, got ", a.sizes(), " and ",
+              b.sizes());
+  const int64_t n = a.size(-1), N = n ? a.numel() / n : 0;
+  Tensor out = at::empty(a.sizes().slice(0, a.dim() - 1), a.options());
   const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>();
-  const int64_t asb = a.stride(0), ash = a.stride(1), bsb = b.stride(0), bsh = b.stride(1);
+  const int64_t sa = a.stride(-1), sb = b.stride(-1);
+  const RowIndex ia(a), ib(b);
   float* po = out.data_ptr<float>();
   run_ranges(N, std::max<int64_t>(1, GLUE_CHUNK / std::max<int64_t>(n, 1)),
              [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t bb = r / (H * L), h = r / L % H, i = r % L;
-      const float* x = pa + bb * asb + h * ash + i * n;
-      const float* y = pb + bb * bsb + h * bsh + i * n;
-      vf acc = vzero();
-      int64_t k = 0;
-      for (; k + W <= n; k += W) acc = vfma(vload(x + k), vload(y + k), acc);
-      float t = hsum(acc);
-      for (; k < n; ++k) t += x[k] * y[k];
-      po[r] = t;
-    }
+    for (int64_t r = r0; r < r1; ++r) po[r] = row_dot_1(pa + ia.at(r), sa, pb + ib.at(r), sb, n);
   });
   return out;
 }

@@ -1,7 +1,9 @@
 // Large buffers of the kernel (its outputs, Kᵀ and Vᵀ, the dQ accumulator) come from a small cache
 // of freed blocks. Without it each large tensor is fresh memory from the OS (glibc maps blocks of
 // 32 MiB and more anew and unmaps them on free), and the first touch of fresh memory costs a page
-// fault and a zeroing per page: 32 MiB take 3-6 ms, a tenth of a window forward at 16k. A loop
+// fault and a zeroing per page: 32 MiB take 3-6 ms, a tenth of a window forward at 16k. Smaller
+// blocks come from glibc's heap, which returns its free top to the OS and faults it in again: a
+// context-parallel call's one-head buffers of 2 MiB faulted 117 MiB of pages per call. A loop
 // over layers and steps asks for the same sizes again and again, so freed blocks serve the next
 // call. Only freed blocks are kept, at most POOL_BYTES of them; a block serves a request of 3/4 of
 // its size or more. ATTNLAB_KERNEL_POOL=0 turns the cache off (every block is returned at once).
@@ -24,7 +26,7 @@
 
 namespace attnlab_k {
 
-constexpr size_t POOL_MIN = size_t(4) << 20;    // smaller blocks are glibc's (it reuses them)
+constexpr size_t POOL_MIN = size_t(1) << 20;    // smaller blocks are glibc's
 constexpr size_t POOL_BYTES = size_t(512) << 20;  // freed bytes kept at most
 constexpr size_t HUGE_PAGE = size_t(2) << 20;
 
