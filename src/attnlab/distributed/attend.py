@@ -272,9 +272,9 @@ def _piece_grads(c: Call, saved, dq_acc, k_buf, v_buf, kp: Piece, dk_to, dv_to,
     dk_to, dv_to (B, Hkv, kp.length, D|Dv) (overwrite: written over them, zeros where no row
     may attend), dq into dq_acc.
 
-    A large block runs one key/value head (and its query heads) at a time (`head_groups`): with
-    B = 1 a head's rows are contiguous, so the kernel copies none of q, k, v, out, dout, and
-    its outputs are one head's: the transient memory of a call falls by Hkv."""
+    A large block runs one key/value head (and its query heads) at a time (`head_groups`): the
+    kernel reads the block's rows in place either way, and split, its outputs and transposes
+    are one head's: the transient memory of a call falls by Hkv."""
     q_acc = saved[0]
     pairs = list(c.pairs([kp], q_acc))
     for hq, hk in head_groups(c, q_acc, k_buf.shape[1], kp.length, pairs):
