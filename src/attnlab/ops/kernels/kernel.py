@@ -49,14 +49,15 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
     if c.empty:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     ops = _ops(isa)
-    qf, kt, vp = prepared or (gate.rows(q), ops.keys_last(gate.rows(k)), gate.rows_padded(v))
+    kf, vf = gate.rows(k), gate.rows(v)  # converted once (fp16/bf16 in: one copy each)
+    qf, kt, vp = prepared or (gate.rows(q), ops.keys_last(kf), gate.rows_padded(vf))
     go = dout.to(torch.float32)  # (B, H, L, Dv), any strides (a sum's gradient: one value)
     delta = ops.row_dot(go, out.to(torch.float32))  # rowsum(dO ∘ O): (B, H, L, Dv) -> (B, H, L)
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)
     lse = gate.dense(lse)
-    vt = ops.keys_last(gate.rows(v))
-    dq, dk, dv = ops.bwd(qf, gate.rows_padded(k), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
+    vt = ops.keys_last(vf)
+    dq, dk, dv = ops.bwd(qf, gate.rows_padded(kf), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
                          delta.contiguous(), go, c.scale, c.softcap, c.pos_off, _bwd_mode())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
