@@ -55,7 +55,14 @@ def intervals(kind: str, B: int, L: int, S: int):
 def formula(q, k, v, lo, hi, scale, softcap=None, slopes=None, pos_off=0):
     """(out, lse) from the definitions in q's dtype, autograd-able; rows with no key: 0, -inf."""
     G = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    w, lse = weights(q, k, lo, hi, scale, softcap, slopes, pos_off)
+    return w @ v.repeat_interleave(G, 1), lse
+
+
+def weights(q, k, lo, hi, scale, softcap=None, slopes=None, pos_off=0):
+    """(weights (B, H, L, S), lse (B, H, L)) from the definitions in q's dtype; rows with no key:
+    0, -inf."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
     s = q @ k.transpose(-1, -2) * scale  # (B, H, L, D) @ (B, H, D, S) -> (B, H, L, S)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
@@ -68,5 +75,4 @@ def formula(q, k, v, lo, hi, scale, softcap=None, slopes=None, pos_off=0):
     s = s.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(s, -1)
     alive = torch.isfinite(lse)
-    w = torch.exp(s - torch.where(alive, lse, 0)[..., None])
-    return w @ v, lse
+    return torch.exp(s - torch.where(alive, lse, 0)[..., None]), lse

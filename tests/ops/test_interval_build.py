@@ -118,3 +118,15 @@ def _tiny():
     q = torch.randn(1, 1, 2, 4)
     lo, hi = torch.zeros(1, 1, 2, dtype=torch.int32), torch.ones(1, 1, 2, dtype=torch.int32)
     return q, q, q, lo, hi
+
+
+def test_ops_listed_are_the_ops_registered():
+    """build.OPS (each looked up once at load) names exactly the ops csrc/ops.cpp registers."""
+    import torch
+
+    if not kernels.available():
+        pytest.skip("the kernel is not available here")
+    ns = build._names(build.chosen_isa())[1]
+    got = {s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
+           if s.name.startswith(ns + "::")}
+    assert got == set(build.OPS)

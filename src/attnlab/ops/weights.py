@@ -7,6 +7,10 @@ requested rows are computed, and only the keys some requested row may attend are
 window row scores its window), so one row of a 64k-token attention costs one short score row per
 head.
 
+On an interval-shaped call (no mask, or a structured mask whose rows each attend one key
+interval; float32, float16 or bfloat16 on the CPU; no score_mod) the rows come from one op of the
+compiled interval kernel (`kernels.runner.weights`), which scores only those intervals.
+
 `rows_of(problem, lse, rows)` is the internal entry: it takes a Problem already validated (its
 scale and masks, as the attention call used them), so a call that wants its output and weights
 (`ops.api.attention_with_weights`) validates once.
@@ -20,6 +24,7 @@ import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
 from attnlab.ops import budget, scores
+from attnlab.ops.kernels import runner
 from attnlab.ops.problem import Problem
 from attnlab.ops.validate import make_problem
 
@@ -82,6 +87,8 @@ def rows_of(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
                  "ask for fewer rows at a time, e.g. rows=slice(0, 1024)")
     if budget.entries(shape) == 0:
         return torch.zeros(shape, dtype=acc, device=query.device)  # nothing to weigh
+    if p.score_mod is None and runner.applies(p):  # interval-shaped: the compiled kernel
+        return runner.weights(p, lse, idx).reshape(shape)  # (B, H, R, S) -> (..., H, R, S)
     allowed = _allowed(p, idx)  # (..., H|1, R, S) or None: every key
     keys, allowed = _needed_keys(allowed, d.S)  # slice(c0, c1) or (S',) indices; allowed too
     every = isinstance(keys, slice) and keys == slice(None)

@@ -14,10 +14,12 @@ items per thread (ATTNLAB_KERNEL_BWD=fused|split forces a schedule).
     kernels.status()                       # KernelStatus(built, isa, reason, runnable)
     kernels.available()                    # builds on first use; False -> PyTorch path
     out, lse = kernels.interval_attention(q, k, v, lo, hi, scale=0.125)
+    w = kernels.interval_weights(q, k, lse, lo, hi, rows=[7], scale=0.125)  # (B, H, 1, S)
 
 Files: build.py (ISA, cache, status), gate.py (checks, layouts), kernel.py (the three layers),
-csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp, ops.cpp
-the ops, their work queue and the glue's reductions, pool.h the cache of large freed buffers).
+csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp,
+weights.cpp the rows of exact weights, ops.cpp the ops and the glue's reductions, queue.h their
+work queue, pool.h the cache of large freed buffers).
 
 Supported: float32, float16 and bfloat16 inputs (converted to float32 at the gate, accumulated in
 float32; out in q's dtype, lse float32); CPU tensors of any strides: read in place when each
@@ -35,7 +37,8 @@ from attnlab.ops.kernels.build import enabled as _enabled
 from attnlab.ops.kernels.build import get as _get
 
 __all__ = ["ISAS", "KernelStatus", "available", "cached_bytes", "interval_attention",
-           "interval_backward", "interval_forward", "runnable", "status", "zeros"]
+           "interval_backward", "interval_forward", "interval_weights", "runnable", "status",
+           "zeros"]
 
 
 def available(isa: str | None = None) -> bool:
@@ -112,3 +115,28 @@ def interval_attention(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_po
     c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
                    k_pos0=k_pos0)
     return kernel.IntervalAttention.apply(q, k, v, c, isa)
+
+
+def interval_weights(q, k, lse, lo, hi, rows=None, *, scale, softcap=None, alibi=None, q_pos0=0,
+                     k_pos0=0, isa=None):
+    """(B, H, R, S) float32: rows of interval attention's weights exp(s - lse), exactly, from the
+    lse its forward returned; s is the forward's score (scale, softcap, ALiBi, the interval), so
+    each row with keys sums to 1 and every weight outside a row's interval is exactly 0.
+
+    Args:
+        q, k, lo, hi, scale, softcap, alibi, q_pos0, k_pos0, isa: as `interval_forward`.
+        lse: (B, H, L), as `interval_forward` returned it (-inf: the row attends nothing).
+        rows: which query rows, as `attnlab.attention_weights` takes them (None: all).
+
+    Only the keys some requested row attends are scored: one row of a window costs its window.
+    """
+    from attnlab.errors import AttnlabError, fmt_shape
+    from attnlab.ops.kernels import gate, kernel
+    from attnlab.ops.weights import row_indices
+
+    c = gate.check(q, k, None, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
+                   k_pos0=k_pos0)
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (c.B, c.H, c.L):
+        got = fmt_shape(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
+        raise AttnlabError(f"lse: expected (B, H, L) = ({c.B}, {c.H}, {c.L}), got {got}")
+    return kernel._weights(c, q, k, lse, row_indices(rows, c.L, q.device), isa)

@@ -38,8 +38,8 @@ from attnlab.errors import AttnlabError
 
 ISAS = ("avx512", "avx2", "scalar")
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp")
-HEADERS = ("interval.h", "pool.h", "tiles.h", "vec.h")
+SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp")
+HEADERS = ("interval.h", "pool.h", "queue.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
     "avx512": [*_X86, "-mavx2", "-mfma", "-DATTNLAB_AVX512"],
@@ -52,6 +52,9 @@ ISA_NEEDS = {
     "avx2": {"avx2", "fma"},
     "scalar": set(),
 }
+#: the ops each build registers (csrc/ops.cpp)
+OPS = ("fwd", "bwd", "keys_last", "weights", "simd_width", "all_finite", "row_dot", "fma_ceiling",
+       "pool_cached_bytes", "pool_zeros")
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
 LOCK_WAIT_S = 900.0
 
@@ -187,7 +190,10 @@ def _load(isa: str):
         _build(isa, name, ns, final)
     if not hasattr(torch.ops, ns) or not hasattr(getattr(torch.ops, ns), "fwd"):
         torch.ops.load_library(str(lib))
-    return getattr(torch.ops, ns)
+    ops = getattr(torch.ops, ns)
+    for op in OPS:  # each op's first lookup reads its schema (~0.2 ms): done here, once
+        getattr(ops, op)
+    return ops
 
 
 def _build(isa: str, name: str, ns: str, final: Path) -> None:

@@ -43,8 +43,9 @@ class Call:
 
 
 def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0) -> Call:
-    """A Call from the public arguments, or AttnlabError naming the one that is wrong."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    """A Call from the public arguments, or AttnlabError naming the one that is wrong (v None:
+    a call that reads no values, the weights')."""
+    for name, x in (("q", q), ("k", k), ("v", v))[:3 if v is not None else 2]:
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = fmt_shape(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise AttnlabError(f"{name}: expected a 4-d tensor (B, H, ·, ·), got {got}")
@@ -58,7 +59,7 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
     if tuple(k.shape) != (B, Hkv, S, D) or Hkv == 0 or H % Hkv:
         raise AttnlabError(f"k: expected (B, Hkv, S, D) = ({B}, Hkv, S, {D}) with H = {H} a "
                            f"multiple of Hkv, got {fmt_shape(k.shape)}")
-    if tuple(v.shape[:3]) != (B, Hkv, S):
+    if v is not None and tuple(v.shape[:3]) != (B, Hkv, S):
         raise AttnlabError(f"v: expected (B, Hkv, S, Dv) = ({B}, {Hkv}, {S}, Dv), got "
                            f"{fmt_shape(v.shape)}")
     lo32, hi32 = _intervals(lo, hi, B, H, L, S)
@@ -68,8 +69,8 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
     if abs(pos_off) + L + S >= 2**31:
         raise AttnlabError(f"q_pos0, k_pos0: positions must stay below 2**31, got {q_pos0}, "
                            f"{k_pos0}")
-    return Call(B, H, Hkv, L, S, D, v.shape[3], lo32, hi32, float(scale),
-                float(softcap or 0.0), _slopes(alibi, B, H), pos_off)
+    return Call(B, H, Hkv, L, S, D, 0 if v is None else v.shape[3], lo32, hi32, float(scale),
+                float(softcap or 0.0), slopes(alibi, B, H), pos_off)
 
 
 def _intervals(lo, hi, B, H, L, S):
@@ -92,7 +93,8 @@ def _intervals(lo, hi, B, H, L, S):
     return (lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous())
 
 
-def _slopes(alibi, B, H):
+def slopes(alibi, B: int, H: int) -> torch.Tensor | None:
+    """ALiBi slopes (H,) or (B, H) as float32 (B|1, H), contiguous; None stays None."""
     if alibi is None:
         return None
     s = torch.as_tensor(alibi)
@@ -114,10 +116,14 @@ def rows(x: torch.Tensor) -> torch.Tensor:
     (what the kernel reads in place): x itself when it already is, e.g. rows [a, b) of every
     head of a larger tensor, a context-parallel block's view of its shard; else a copy."""
     x = x.to(torch.float32)
+    return x if in_place(x) else x.contiguous()
+
+
+def in_place(x: torch.Tensor) -> bool:
+    """The kernel reads x (B, H, n, m) as it is: float32, every head's rows contiguous."""
     n, m = x.shape[-2:]
-    if (m <= 1 or x.stride(3) == 1) and (n <= 1 or x.stride(2) == m):
-        return x
-    return x.contiguous()
+    return x.dtype == torch.float32 and (m <= 1 or x.stride(3) == 1) and \
+        (n <= 1 or x.stride(2) == m)
 
 
 def rows_padded(x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The interval kernel in three layers: the pure `_fwd` / `_bwd` on a checked Call, the autograd
-Function, and the public functions (exported by `attnlab.ops.kernels`)."""
+"""The interval kernel in three layers: the pure `_fwd` / `_bwd` / `_weights` on a checked Call,
+the autograd Function, and the public functions (exported by `attnlab.ops.kernels`)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,27 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
     dq, dk, dv = ops.bwd(qf, gate.rows_padded(kf), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
                          delta.contiguous(), go, c.scale, c.softcap, c.pos_off, _bwd_mode())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _weights(c: Call, q, k, lse, idx, isa=None):
+    """(B, H, R, S) float32: rows idx (R,) int64 in [0, L) of the weights exp(s - lse), s the
+    forward's scores. Inputs the kernel reads in place are not copied; others only in the
+    requested rows and the keys they attend."""
+    R, idx = idx.numel(), idx.contiguous()
+    if c.empty or R == 0:
+        return torch.zeros(c.B, c.H, R, c.S)
+    ops = _ops(isa)
+    q_at = None  # q holds every row: row idx[r] is row r's query
+    if not gate.in_place(q):
+        q, q_at = gate.rows(q.index_select(2, idx)), torch.arange(R)  # (B, H, R, D)
+    k0 = 0
+    if not gate.in_place(k):  # (B, Hkv, k1 - k0, D): the keys the requested rows attend
+        lo, hi = c.lo.index_select(-1, idx), c.hi.index_select(-1, idx)
+        live = lo < hi
+        k0, k1 = (int(lo[live].min()), int(hi[live].max())) if bool(live.any()) else (0, 0)
+        k = gate.rows(k[:, :, k0:k1])
+    return ops.weights(q, k, idx, q_at, gate.dense(lse), c.lo, c.hi, c.slopes, c.scale,
+                       c.softcap, c.pos_off, k0, c.S)
 
 
 class IntervalAttention(torch.autograd.Function):

@@ -9,6 +9,7 @@ no dense `attn_mask`, no dropout, a float32/float16/bfloat16 CPU input. Backends
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -29,11 +30,19 @@ def _intervals(p: Problem):
     if p.attn_mask is not None or p.dropout_p or p.query.dtype not in gate.DTYPES or \
             p.query.device.type != "cpu":
         return None
-    d = p.dims
-    if p.structured is None:  # every row sees every key
+    d, m = p.dims, p.structured
+    if m is None:  # every row sees every key
         return (torch.zeros(1, 1, d.L, dtype=torch.int32),
                 torch.full((1, 1, d.L), d.S, dtype=torch.int32))
-    return p.structured.intervals(d.L, d.S)
+    per = _INTERVALS.setdefault(m, {})
+    if (d.L, d.S) not in per:  # a forward's intervals serve its backward's and weights' calls
+        per[d.L, d.S] = m.intervals(d.L, d.S)
+    return per[d.L, d.S]
+
+
+#: per mask (a value: its tensors are not changed after it is built): its intervals by (L, S),
+#: living as long as the mask
+_INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def applies(p: Problem) -> bool:
@@ -48,15 +57,17 @@ def _flat(p: Problem):
     """q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), lo and hi (B|1, Hm, L): batch dims
     broadcast and flattened into B."""
     d = p.dims
-    B = math.prod(d.batch)
-    q = p.query.expand(*d.batch, d.H, d.L, d.D) if d.ndim > 2 else p.query
-    k = p.key.expand(*d.batch, d.Hkv, d.S, d.D) if d.ndim > 2 else p.key
-    v = p.value.expand(*d.batch, d.Hkv, d.S, d.Dv) if d.ndim > 2 else p.value
-    q = q.reshape(B, d.H, d.L, d.D)  # (..., H, L, D) -> (B, H, L, D)
-    k = k.reshape(B, d.Hkv, d.S, d.D)  # (..., Hkv, S, D) -> (B, Hkv, S, D)
-    v = v.reshape(B, d.Hkv, d.S, d.Dv)  # (..., Hkv, S, Dv) -> (B, Hkv, S, Dv)
-    lo, hi = (_rows(x, d.batch, B) for x in intervals_of(p))
-    return q, k, v, lo, hi
+    q, k = _batched(p.query, d), _batched(p.key, d)
+    lo, hi = (_rows(x, d.batch, math.prod(d.batch)) for x in intervals_of(p))
+    return q, k, _batched(p.value, d), lo, hi
+
+
+def _batched(x: torch.Tensor, d) -> torch.Tensor:
+    """(..., heads, n, m) of the call (or (n, m)) as (B, heads, n, m): the batch dims broadcast
+    to the call's and flattened (a view unless a broadcast batch must be copied)."""
+    if d.ndim > 2:
+        x = x.expand(*d.batch, *x.shape[-3:])
+    return x.reshape(math.prod(d.batch), -1, *x.shape[-2:])  # (..., h, n, m) -> (B, h, n, m)
 
 
 def _rows(x: torch.Tensor, batch: tuple[int, ...], B: int) -> torch.Tensor:
@@ -76,3 +87,17 @@ def forward(p: Problem, need_lse: bool = True):
                                           alibi=p.alibi_slopes)
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
     return out.reshape(*rows, d.Dv), lse.reshape(rows)  # (B, H, L, ·) -> (..., H, L, ·)
+
+
+def weights(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """(B, H, R, S) float32: the rows idx (R,) of the weights exp(s - lse) from the kernel
+    (`ops.weights.rows_of` on an interval-shaped call; p.value is not read)."""
+    from attnlab.ops.kernels import kernel
+
+    d = p.dims
+    B = math.prod(d.batch)
+    lo, hi = (_rows(x, d.batch, B) for x in intervals_of(p))
+    c = gate.Call(B, d.H, d.Hkv, d.L, d.S, d.D, 0, lo, hi, p.scale, float(p.softcap or 0.0),
+                  gate.slopes(p.alibi_slopes, B, d.H), 0)
+    return kernel._weights(c, _batched(p.query, d), _batched(p.key, d),
+                           lse.reshape(B, d.H, d.L), idx)  # (..., H, L) -> (B, H, L)

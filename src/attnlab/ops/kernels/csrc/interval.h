@@ -75,4 +75,18 @@ size_t dkdv_scratch(const Problem& pr);
 void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const float* delta,
                int64_t item, float* dk, float* dv, float* dqacc, float* scratch);
 
+// exact rows of the weights from a forward's lse (weights.cpp): q (B, H, ·, D) holding the
+// requested rows' queries, k (B, Hkv, S, ldk = D) holding keys [k0, k0 + S) of the call
+struct WeightRows {
+  int R, L, S_out;        // requested rows, the call's queries and keys (an out row's length)
+  int k0;                 // the call's key index of k's row 0
+  const int64_t* idx;     // (R,) each requested row's index in [0, L)
+  const int64_t* q_at;    // (R,) the row of q holding its query
+  const float* lse;       // (B, H, L) contiguous
+};
+size_t weights_scratch(const Problem& pr);
+// item = (b·H + h)·ceil(R/RQ) + group; out (B, H, R, S_out) zeros, written where attended
+void weights_item(const Problem& pr, const WeightRows& wr, int64_t item, float* out,
+                  float* scratch);
+
 }  // namespace attnlab_k

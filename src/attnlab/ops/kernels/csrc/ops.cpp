@@ -1,5 +1,5 @@
 // The tensor boundary of the interval kernel: checks of the (already prepared) inputs, the outputs,
-// and per pass one set of threads in which each takes the next work item, costliest first.
+// and each pass's items on the work queue (queue.h).
 // Registered as torch ops in the namespace ATTNLAB_NS (one per ISA build).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -11,9 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <atomic>
-#include <condition_variable>
-#include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -22,6 +19,8 @@
 
 #include "interval.h"
 #include "pool.h"
+#include "queue.h"
+#include "tiles.h"
 #include "vec.h"
 
 using at::Tensor;
@@ -118,51 +117,6 @@ Tensor zeros_big(at::IntArrayRef sizes, const at::TensorOptions& opts) {
   Tensor t = empty_big(sizes, opts);
   std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
   return t;
-}
-
-// items in order of decreasing cost, so the last ones to start are short (dynamic balance)
-std::vector<int64_t> by_cost(const std::vector<double>& cost) {
-  std::vector<int64_t> order(cost.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
-  return order;
-}
-
-// one call's work items, shared with helper tasks that may start after the call has returned
-struct Queue {
-  std::atomic<int64_t> next{0}, done{0};
-  int64_t n = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
-// every thread pulls the next item from a shared counter until none is left, so a thread the OS
-// preempts holds up at most one item. The caller works too and then waits only for the items
-// claimed, never for a thread: a helper the OS starts late (a busy machine) finds the queue empty
-// and returns without the caller ever waiting for it (a parallel region's join would)
-template <class F>
-void run_items(const std::vector<int64_t>& order, size_t scratch, F f) {
-  const int64_t n = order.size();
-  const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
-  auto qu = std::make_shared<Queue>();
-  qu->n = n;
-  // order and f are touched only for a claimed item, and the caller outlives every claimed item
-  auto pull = [qu, &order, &f, scratch]() {
-    if (qu->next.load() >= qu->n) return;
-    std::vector<float> buf(scratch + 16);
-    for (int64_t i; (i = qu->next.fetch_add(1)) < qu->n;) {
-      f(order[i], buf.data());
-      if (qu->done.fetch_add(1) + 1 == qu->n) {
-        std::lock_guard<std::mutex> g(qu->mu);
-        qu->cv.notify_all();
-      }
-    }
-  };
-  for (int64_t t = 1; t < T; ++t) at::launch(pull);
-  pull();
-  std::unique_lock<std::mutex> lk(qu->mu);
-  qu->cv.wait(lk, [&] { return qu->done.load() >= n; });
 }
 
 std::vector<double> query_costs(const Problem& pr, const Panels& pn) {
@@ -280,6 +234,90 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
   return {dq, dk, dv};
 }
 
+// (B, H, R, S_out) exact rows of the weights (weights.cpp): idx (R,) int64 the requested rows,
+// q (B, H, ·, D) with row q_at[r] holding row r's query (q_at None: idx, q the call's queries),
+// k (B, Hkv, S, D) keys [k0, k0 + S) of the call (every requested row's interval among them),
+// lse (B, H, L), lo/hi (B|1, H|1, L) the call's intervals
+Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
+               const std::optional<Tensor>& q_at, const Tensor& lse, const Tensor& lo,
+               const Tensor& hi, const std::optional<Tensor>& slopes, double scale,
+               double softcap, int64_t pos_off, int64_t k0, int64_t S_out) {
+  expect_rows(q, "q");
+  expect_rows(k, "k");
+  expect(idx, "idx", 1);
+  expect(lse, "lse", 3);
+  expect(lo, "lo", 3);
+  expect(hi, "hi", 3);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  lse.scalar_type() == at::kFloat, "q, k, lse: expected float32");
+  TORCH_CHECK(idx.scalar_type() == at::kLong && lo.scalar_type() == at::kInt &&
+                  hi.scalar_type() == at::kInt && lo.sizes() == hi.sizes(),
+              "idx: int64; lo, hi: int32 of one shape");
+  Problem pr{};
+  pr.B = q.size(0);
+  pr.H = q.size(1);
+  pr.D = q.size(3);
+  pr.Hkv = k.size(1);
+  pr.S = k.size(2);
+  pr.ldk = pr.D;
+  const int64_t R = idx.size(0), L = lse.size(2);
+  const Tensor& rows = q_at.has_value() ? *q_at : idx;
+  expect(rows, "q_at", 1);
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.size(0) == R, "q_at: expected int64 (R,)");
+  const int64_t* pq = rows.data_ptr<int64_t>();
+  TORCH_CHECK(k.size(0) == pr.B && k.size(3) == pr.D && pr.Hkv > 0 && pr.H % pr.Hkv == 0,
+              "k: expected (B, Hkv, S, D) with H a multiple of Hkv, got ", k.sizes());
+  TORCH_CHECK(lse.size(0) == pr.B && lse.size(1) == pr.H,
+              "lse: expected (B, H, L), got ", lse.sizes());
+  pr.Bl = lo.size(0);
+  pr.Hl = lo.size(1);
+  TORCH_CHECK((pr.Bl == 1 || pr.Bl == pr.B) && (pr.Hl == 1 || pr.Hl == pr.H) && lo.size(2) == L,
+              "lo: expected (B|1, H|1, L), got ", lo.sizes());
+  TORCH_CHECK(k0 >= 0 && k0 + pr.S <= S_out, "k0: keys [k0, k0 + S) must lie in [0, S_out)");
+  const int64_t* pi = idx.data_ptr<int64_t>();
+  const int32_t *plo = lo.data_ptr<int32_t>(), *phi = hi.data_ptr<int32_t>();
+  for (int64_t r = 0; r < R; ++r) {  // every row's interval inside the keys given
+    TORCH_CHECK(pi[r] >= 0 && pi[r] < L, "idx: row ", pi[r], " outside [0, ", L, ")");
+    TORCH_CHECK(pq[r] >= 0 && pq[r] < q.size(2), "q_at: row ", pq[r], " outside [0, ",
+                q.size(2), ")");
+    for (int64_t bh = 0; bh < (int64_t)pr.Bl * pr.Hl; ++bh) {
+      const int32_t a = plo[bh * L + pi[r]], e = phi[bh * L + pi[r]];
+      TORCH_CHECK(a >= e || (a >= k0 && e <= k0 + pr.S), "k: row ", pi[r], "'s keys [", a,
+                  ", ", e, ") are not among the keys given [", k0, ", ", k0 + pr.S, ")");
+    }
+  }
+  pr.lo = plo;
+  pr.hi = phi;
+  pr.lo_sb = pr.Bl > 1 ? lo.stride(0) : 0;
+  pr.lo_sh = pr.Hl > 1 ? lo.stride(1) : 0;
+  pr.q = q.data_ptr<float>();
+  pr.q_sb = q.stride(0);
+  pr.q_sh = q.stride(1);
+  pr.k = k.data_ptr<float>();
+  pr.k_sb = k.stride(0);
+  pr.k_sh = k.stride(1);
+  if (slopes.has_value()) {
+    expect(*slopes, "slopes", 2);
+    TORCH_CHECK(slopes->scalar_type() == at::kFloat &&
+                    (slopes->size(0) == 1 || slopes->size(0) == pr.B) && slopes->size(1) == pr.H,
+                "slopes: expected float32 (B|1, H), got ", slopes->sizes());
+    pr.slopes = slopes->data_ptr<float>();
+    pr.slope_sb = slopes->size(0) > 1 ? slopes->stride(0) : 0;
+  }
+  pr.scale = (float)scale;
+  pr.softcap = (float)softcap;
+  pr.pos_off = (int)pos_off;
+  const WeightRows wr{(int)R, (int)L, (int)S_out, (int)k0, pi, pq, lse.data_ptr<float>()};
+  Tensor out = lazy_zeros({pr.B, pr.H, R, S_out}, q.options());  // written only where attended
+  float* po = out.data_ptr<float>();
+  const int64_t items = (int64_t)pr.B * pr.H * ((R + RQ - 1) / RQ);
+  std::vector<int64_t> order(items);
+  std::iota(order.begin(), order.end(), 0);
+  run_items(order, weights_scratch(pr),
+            [&](int64_t item, float* buf) { weights_item(pr, wr, item, po, buf); });
+  return out;
+}
+
 // (B, Hkv, S, n) -> (B, Hkv, S16/PAD, n, PAD): Kᵀ in chunks of PAD keys, zero keys past S
 // (tiles.h: chunked); whole chunks as blocks transposed in registers, in parallel over runs of
 // chunks.
@@ -303,31 +341,13 @@ Tensor keys_last(const Tensor& x) {
     for (int64_t c = (item % runs) * per; c < c1; ++c) {
       const float* xs = src + (bh / H) * sb + (bh % H) * sh + c * PAD * n;  // PAD rows of n
       float* o = dst + (bh * nc + c) * n * PAD;        // (n, PAD)
-      const int64_t rows = std::min<int64_t>(PAD, S - c * PAD);
       if (c + 2 < c1)  // the chunk after next: its lines arrive while these are transposed
         for (int64_t l = 0; l < PAD * n; l += 16) __builtin_prefetch(xs + 2 * PAD * n + l);
-      if (rows == PAD) {
-        transpose_rows16(xs, n, o, stream);
-      } else {
-        for (int64_t d = 0; d < n; ++d)
-          for (int t = 0; t < PAD; ++t) o[d * PAD + t] = t < rows ? xs[t * n + d] : 0.0f;
-      }
+      key_chunk(xs, n, (int)std::min<int64_t>(PAD, S - c * PAD), o, stream);
     }
     vfence();
   });
   return out;
-}
-
-// The glue's reductions, on the kernel's queue rather than PyTorch's OpenMP: an OpenMP region's
-// threads spin after it ends, and on a busy machine they spin against the kernel's own threads
-// (window 256 @ 4k, one busy process: 2 threads took 2.4x the CPU time of one thread)
-constexpr int64_t GLUE_CHUNK = int64_t(1) << 16;  // floats per work item
-
-template <class F>
-void run_ranges(int64_t n, int64_t per, F f) {  // f(begin, end) over [0, n) in pieces of per
-  std::vector<int64_t> order((n + per - 1) / per);
-  std::iota(order.begin(), order.end(), 0);
-  run_items(order, 0, [&](int64_t i, float*) { f(i * per, std::min(n, (i + 1) * per)); });
 }
 
 // no NaN or Inf in x (float32, contiguous): x·0 is 0 for a finite x and NaN otherwise
@@ -435,6 +455,9 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
         "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
   m.def("keys_last(Tensor x) -> Tensor", &keys_last);
+  m.def("weights(Tensor q, Tensor k, Tensor idx, Tensor? q_at, Tensor lse, Tensor lo, Tensor hi, "
+        "Tensor? slopes, float scale, float softcap, int pos_off, int k0, int S_out) -> Tensor",
+        &weights);
   m.def("simd_width() -> int", &simd_width);
   m.def("all_finite(Tensor x) -> bool", &all_finite);
   m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);

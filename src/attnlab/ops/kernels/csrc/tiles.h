@@ -18,6 +18,17 @@ static inline const float* chunked(const float* base, int D, int j) {
   return base + (int64_t)(j / PAD) * D * PAD + j % PAD;
 }
 
+// one chunk of Kᵀ: o (n, PAD) from `rows` <= PAD rows of n floats at x (row stride n), the keys
+// past them zero
+static inline void key_chunk(const float* x, int64_t n, int rows, float* o, bool stream) {
+  if (rows == PAD) {
+    transpose_rows16(x, n, o, stream);
+    return;
+  }
+  for (int64_t d = 0; d < n; ++d)
+    for (int t = 0; t < PAD; ++t) o[d * PAD + t] = t < rows ? x[t * n + d] : 0.0f;
+}
+
 // C[r][t·W..] = Σ_d A[r·lda + d] · Kᵀ[d][keys of vector t] for RQ rows, NV vectors of keys:
 // products Q·Kᵀ (A = packed Q), or dP = dO·Vᵀ
 template <int NV>
