@@ -11,7 +11,8 @@ the core's FMA ceiling (registers only, per ISA), both measured in this run;
 (interleaved call by call, median of at least 7);
 (4) one row of exact weights (`attention_weights`) against a forward: its first call, cold (median
 of 7, each right after a forward) and warm.
-Times are medians of repeats after a warm-up; ratios > 1 mean the kernel is faster.
+Times are medians of repeats after a warm-up; the best build and its peer in table (1) are timed
+again interleaved call by call (median of at least 5); ratios > 1 mean the kernel is faster.
 """
 
 from __future__ import annotations
@@ -97,6 +98,20 @@ def med_threads(f, repeats: int) -> dict[int, float]:
             if i:
                 ts[threads].append(clock() - t0)
     return {n: statistics.median(t) for n, t in ts.items()}
+
+
+def med_pair(f, g, repeats: int) -> tuple[float, float]:
+    """Median seconds of f and of g, the two interleaved call by call after a warm-up of each:
+    a change in the machine's load in the meantime falls on both alike."""
+    f()
+    g()
+    ts: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((f, ts[0]), (g, ts[1])):
+            t0 = clock()
+            fn()
+            out.append(clock() - t0)
+    return statistics.median(ts[0]), statistics.median(ts[1])
 
 
 def ms(t: float, note: str = "") -> str:
@@ -216,7 +231,11 @@ def table_forward(c: Config, peak: float, ceiling: dict[str, float]) -> list[str
         with env(ATTNLAB_KERNEL="0"):
             today = med(attn_fn(case, q, k, v, False), c.repeats)
         f, note = peer_fn(case, q, k, v, False)
-        peer = med(f, c.repeats) if f else float("nan")
+        peer = float("nan")
+        if f:  # the best build and the peer again, interleaved: the × peer column
+            with env(ATTNLAB_KERNEL_ISA=isas()[0]):
+                t[isas()[0]], peer = med_pair(attn_fn(case, q, k, v, False), f,
+                                              max(c.repeats, 5))
         best = t[isas()[0]]
         gf = useful_flops(case, c) / best / 1e9
         rows.append(f"| {case.name} | " + " | ".join(f"{t[i] * 1e3:.0f}" for i in isas()) +
