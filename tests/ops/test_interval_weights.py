@@ -197,3 +197,24 @@ def test_bad_arguments_name_what_is_wrong():
     with pytest.raises(RuntimeError, match="idx: row 10 outside"):
         ops.weights(q, k, torch.tensor([10]), None, torch.zeros(1, 2, 10), lo32, hi32, None,
                     1.0, 0.0, 0, 0, 12)
+
+
+def test_the_forward_still_requires_values():
+    q, k = inputs((1, 2, 1, 10, 12, 8), 11, torch.float32)
+    lo, hi = intervals("causal", 1, 10, 12)
+    with pytest.raises(AttnlabError, match="v: expected a 4-d tensor"):
+        kernels.interval_forward(q, k, None, lo, hi, scale=1.0)
+
+
+def test_intervals_are_kept_with_the_mask_for_the_latest_sizes():
+    if not kernels.available():
+        pytest.skip("the kernel is not available here")
+    mask = masks.sliding_window(3)
+    q = torch.randn(1, 2, 40, 8)
+    for L in range(10, 10 + 2 * runner.SIZES_KEPT):
+        attnlab.attention(q[:, :, :L], q[:, :, :L], q[:, :, :L], mask=mask)
+    kept = runner._INTERVALS[mask]
+    assert list(kept) == [(L, L) for L in range(10 + runner.SIZES_KEPT, 10 + 2 * runner.SIZES_KEPT)]
+    lo, hi = kept[(17, 17)]
+    assert torch.equal(hi[0, 0], torch.arange(1, 18, dtype=torch.int32))
+    assert torch.equal(lo[0, 0], (torch.arange(17) - 2).clamp(min=0).int())

@@ -135,7 +135,7 @@ def interval_weights(q, k, lse, lo, hi, rows=None, *, scale, softcap=None, alibi
     from attnlab.ops.weights import row_indices
 
     c = gate.check(q, k, None, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
-                   k_pos0=k_pos0)
+                   k_pos0=k_pos0, values=False)
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (c.B, c.H, c.L):
         got = fmt_shape(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
         raise AttnlabError(f"lse: expected (B, H, L) = ({c.B}, {c.H}, {c.L}), got {got}")

@@ -42,10 +42,11 @@ class Call:
         return min(self.B, self.H, self.L, self.S) == 0
 
 
-def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0) -> Call:
-    """A Call from the public arguments, or AttnlabError naming the one that is wrong (v None:
-    a call that reads no values, the weights')."""
-    for name, x in (("q", q), ("k", k), ("v", v))[:3 if v is not None else 2]:
+def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=0,
+          values: bool = True) -> Call:
+    """A Call from the public arguments, or AttnlabError naming the one that is wrong (values
+    False: a call that reads no values, the weights', and v is None)."""
+    for name, x in (("q", q), ("k", k), ("v", v))[:3 if values else 2]:
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = fmt_shape(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise AttnlabError(f"{name}: expected a 4-d tensor (B, H, ·, ·), got {got}")
@@ -59,7 +60,7 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
     if tuple(k.shape) != (B, Hkv, S, D) or Hkv == 0 or H % Hkv:
         raise AttnlabError(f"k: expected (B, Hkv, S, D) = ({B}, Hkv, S, {D}) with H = {H} a "
                            f"multiple of Hkv, got {fmt_shape(k.shape)}")
-    if v is not None and tuple(v.shape[:3]) != (B, Hkv, S):
+    if values and tuple(v.shape[:3]) != (B, Hkv, S):
         raise AttnlabError(f"v: expected (B, Hkv, S, Dv) = ({B}, {Hkv}, {S}, Dv), got "
                            f"{fmt_shape(v.shape)}")
     lo32, hi32 = _intervals(lo, hi, B, H, L, S)
@@ -69,7 +70,7 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
     if abs(pos_off) + L + S >= 2**31:
         raise AttnlabError(f"q_pos0, k_pos0: positions must stay below 2**31, got {q_pos0}, "
                            f"{k_pos0}")
-    return Call(B, H, Hkv, L, S, D, 0 if v is None else v.shape[3], lo32, hi32, float(scale),
+    return Call(B, H, Hkv, L, S, D, v.shape[3] if values else 0, lo32, hi32, float(scale),
                 float(softcap or 0.0), slopes(alibi, B, H), pos_off)
 
 

@@ -35,14 +35,18 @@ def _intervals(p: Problem):
         return (torch.zeros(1, 1, d.L, dtype=torch.int32),
                 torch.full((1, 1, d.L), d.S, dtype=torch.int32))
     per = _INTERVALS.setdefault(m, {})
-    if (d.L, d.S) not in per:  # a forward's intervals serve its backward's and weights' calls
-        per[d.L, d.S] = m.intervals(d.L, d.S)
-    return per[d.L, d.S]
+    key = (d.L, d.S)
+    if key not in per:  # a forward's intervals serve its backward's and weights' calls
+        per[key] = m.intervals(d.L, d.S)
+        while len(per) > SIZES_KEPT:  # a loop over growing lengths keeps only the latest
+            del per[next(iter(per))]
+    return per[key]
 
 
 #: per mask (a value: its tensors are not changed after it is built): its intervals by (L, S),
-#: living as long as the mask
+#: the SIZES_KEPT latest sizes, living as long as the mask
 _INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+SIZES_KEPT = 4
 
 
 def applies(p: Problem) -> bool:
