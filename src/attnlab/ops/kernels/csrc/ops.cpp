@@ -45,18 +45,46 @@ void expect_rows(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor");
 }
 
+// the per-row intervals (B|1, H|1, L) int32, ALiBi slopes (B|1, H) and the score's scalars of a
+// Problem whose B, H (and L) are set
+void set_rows(Problem& pr, const Tensor& lo, const Tensor& hi, int64_t L,
+              const std::optional<Tensor>& slopes, double scale, double softcap,
+              int64_t pos_off) {
+  expect(lo, "lo", 3);
+  expect(hi, "hi", 3);
+  TORCH_CHECK(lo.scalar_type() == at::kInt && hi.scalar_type() == at::kInt &&
+                  lo.sizes() == hi.sizes(), "lo, hi: int32 of one shape");
+  pr.Bl = lo.size(0);
+  pr.Hl = lo.size(1);
+  TORCH_CHECK((pr.Bl == 1 || pr.Bl == pr.B) && (pr.Hl == 1 || pr.Hl == pr.H) && lo.size(2) == L,
+              "lo: expected (B|1, H|1, L), got ", lo.sizes());
+  pr.lo_sb = pr.Bl > 1 ? lo.stride(0) : 0;
+  pr.lo_sh = pr.Hl > 1 ? lo.stride(1) : 0;
+  pr.lo = lo.data_ptr<int32_t>();
+  pr.hi = hi.data_ptr<int32_t>();
+  pr.slopes = nullptr;
+  pr.slope_sb = 0;
+  if (slopes.has_value()) {
+    const Tensor& s = *slopes;
+    expect(s, "slopes", 2);
+    TORCH_CHECK(s.scalar_type() == at::kFloat && (s.size(0) == 1 || s.size(0) == pr.B) &&
+                    s.size(1) == pr.H, "slopes: expected float32 (B|1, H), got ", s.sizes());
+    pr.slopes = s.data_ptr<float>();
+    pr.slope_sb = s.size(0) > 1 ? s.stride(0) : 0;
+  }
+  pr.scale = (float)scale;
+  pr.softcap = (float)softcap;
+  pr.pos_off = (int)pos_off;
+}
+
 Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const Tensor& lo,
                      const Tensor& hi, const std::optional<Tensor>& slopes, double scale,
                      double softcap, int64_t pos_off, int64_t Dv) {
   expect_rows(q, "q");
   expect(kt, "kt", 5);
   expect_rows(v, "v");
-  expect(lo, "lo", 3);
-  expect(hi, "hi", 3);
   TORCH_CHECK(q.scalar_type() == at::kFloat && kt.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "q, kt, v: expected float32");
-  TORCH_CHECK(lo.scalar_type() == at::kInt && hi.scalar_type() == at::kInt, "lo, hi: int32");
-  TORCH_CHECK(lo.sizes() == hi.sizes(), "lo, hi: same shape");
   Problem pr{};
   pr.B = q.size(0);
   pr.H = q.size(1);
@@ -73,12 +101,7 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   TORCH_CHECK(v.size(0) == pr.B && v.size(1) == pr.Hkv && pr.ldv % PAD == 0 && pr.ldv >= Dv,
               "v: expected (B, Hkv, S, Dv padded), got ", v.sizes());
   TORCH_CHECK(pr.Hkv > 0 && pr.H % pr.Hkv == 0, "H must be a multiple of Hkv");
-  pr.Bl = lo.size(0);
-  pr.Hl = lo.size(1);
-  TORCH_CHECK((pr.Bl == 1 || pr.Bl == pr.B) && (pr.Hl == 1 || pr.Hl == pr.H) &&
-                  lo.size(2) == pr.L, "lo: expected (B|1, H|1, L), got ", lo.sizes());
-  pr.lo_sb = pr.Bl > 1 ? lo.stride(0) : 0;
-  pr.lo_sh = pr.Hl > 1 ? lo.stride(1) : 0;
+  set_rows(pr, lo, hi, pr.L, slopes, scale, softcap, pos_off);
   pr.q = q.data_ptr<float>();
   pr.kt = kt.data_ptr<float>();
   pr.v = v.data_ptr<float>();
@@ -86,21 +109,6 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   pr.q_sh = q.stride(1);
   pr.v_sb = v.stride(0);
   pr.v_sh = v.stride(1);
-  pr.lo = lo.data_ptr<int32_t>();
-  pr.hi = hi.data_ptr<int32_t>();
-  pr.slopes = nullptr;
-  pr.slope_sb = 0;
-  if (slopes.has_value()) {
-    const Tensor& s = *slopes;
-    expect(s, "slopes", 2);
-    TORCH_CHECK(s.scalar_type() == at::kFloat && (s.size(0) == 1 || s.size(0) == pr.B) &&
-                    s.size(1) == pr.H, "slopes: expected float32 (B|1, H), got ", s.sizes());
-    pr.slopes = s.data_ptr<float>();
-    pr.slope_sb = s.size(0) > 1 ? s.stride(0) : 0;
-  }
-  pr.scale = (float)scale;
-  pr.softcap = (float)softcap;
-  pr.pos_off = (int)pos_off;
   return pr;
 }
 
@@ -246,13 +254,9 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
   expect_rows(k, "k");
   expect(idx, "idx", 1);
   expect(lse, "lse", 3);
-  expect(lo, "lo", 3);
-  expect(hi, "hi", 3);
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                  lse.scalar_type() == at::kFloat, "q, k, lse: expected float32");
-  TORCH_CHECK(idx.scalar_type() == at::kLong && lo.scalar_type() == at::kInt &&
-                  hi.scalar_type() == at::kInt && lo.sizes() == hi.sizes(),
-              "idx: int64; lo, hi: int32 of one shape");
+                  lse.scalar_type() == at::kFloat && idx.scalar_type() == at::kLong,
+              "q, k, lse: expected float32; idx: int64");
   Problem pr{};
   pr.B = q.size(0);
   pr.H = q.size(1);
@@ -269,13 +273,10 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
               "k: expected (B, Hkv, S, D) with H a multiple of Hkv, got ", k.sizes());
   TORCH_CHECK(lse.size(0) == pr.B && lse.size(1) == pr.H,
               "lse: expected (B, H, L), got ", lse.sizes());
-  pr.Bl = lo.size(0);
-  pr.Hl = lo.size(1);
-  TORCH_CHECK((pr.Bl == 1 || pr.Bl == pr.B) && (pr.Hl == 1 || pr.Hl == pr.H) && lo.size(2) == L,
-              "lo: expected (B|1, H|1, L), got ", lo.sizes());
+  set_rows(pr, lo, hi, L, slopes, scale, softcap, pos_off);
   TORCH_CHECK(k0 >= 0 && k0 + pr.S <= S_out, "k0: keys [k0, k0 + S) must lie in [0, S_out)");
   const int64_t* pi = idx.data_ptr<int64_t>();
-  const int32_t *plo = lo.data_ptr<int32_t>(), *phi = hi.data_ptr<int32_t>();
+  const int32_t *plo = pr.lo, *phi = pr.hi;
   for (int64_t r = 0; r < R; ++r) {  // every row's interval inside the keys given
     TORCH_CHECK(pi[r] >= 0 && pi[r] < L, "idx: row ", pi[r], " outside [0, ", L, ")");
     TORCH_CHECK(pq[r] >= 0 && pq[r] < q.size(2), "q_at: row ", pq[r], " outside [0, ",
@@ -286,27 +287,12 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
                   ", ", e, ") are not among the keys given [", k0, ", ", k0 + pr.S, ")");
     }
   }
-  pr.lo = plo;
-  pr.hi = phi;
-  pr.lo_sb = pr.Bl > 1 ? lo.stride(0) : 0;
-  pr.lo_sh = pr.Hl > 1 ? lo.stride(1) : 0;
   pr.q = q.data_ptr<float>();
   pr.q_sb = q.stride(0);
   pr.q_sh = q.stride(1);
   pr.k = k.data_ptr<float>();
   pr.k_sb = k.stride(0);
   pr.k_sh = k.stride(1);
-  if (slopes.has_value()) {
-    expect(*slopes, "slopes", 2);
-    TORCH_CHECK(slopes->scalar_type() == at::kFloat &&
-                    (slopes->size(0) == 1 || slopes->size(0) == pr.B) && slopes->size(1) == pr.H,
-                "slopes: expected float32 (B|1, H), got ", slopes->sizes());
-    pr.slopes = slopes->data_ptr<float>();
-    pr.slope_sb = slopes->size(0) > 1 ? slopes->stride(0) : 0;
-  }
-  pr.scale = (float)scale;
-  pr.softcap = (float)softcap;
-  pr.pos_off = (int)pos_off;
   const WeightRows wr{(int)R, (int)L, (int)S_out, (int)k0, pi, pq, lse.data_ptr<float>()};
   Tensor out = lazy_zeros({pr.B, pr.H, R, S_out}, q.options());  // written only where attended
   float* po = out.data_ptr<float>();
