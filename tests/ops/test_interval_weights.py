@@ -207,14 +207,20 @@ def test_the_forward_still_requires_values():
 
 
 def test_intervals_are_kept_with_the_mask_for_the_latest_sizes():
-    if not kernels.available():
-        pytest.skip("the kernel is not available here")
+    from attnlab.masks import base
+
     mask = masks.sliding_window(3)
     q = torch.randn(1, 2, 40, 8)
-    for L in range(10, 10 + 2 * runner.SIZES_KEPT):
+    first = None
+    for L in range(10, 10 + 2 * base.SIZES_KEPT):
         attnlab.attention(q[:, :, :L], q[:, :, :L], q[:, :, :L], mask=mask)
-    kept = runner._INTERVALS[mask]
-    assert list(kept) == [(L, L) for L in range(10 + runner.SIZES_KEPT, 10 + 2 * runner.SIZES_KEPT)]
-    lo, hi = kept[(17, 17)]
+        got = mask.intervals(L, L)
+        first = first or got
+        assert mask.intervals(L, L) is got  # asked again: the same tensors, not recomputed
+    kept = base._INTERVALS[mask]
+    assert list(kept) == [(L, L, None)
+                          for L in range(10 + base.SIZES_KEPT, 10 + 2 * base.SIZES_KEPT)]
+    lo, hi = kept[(17, 17, None)]
     assert torch.equal(hi[0, 0], torch.arange(1, 18, dtype=torch.int32))
     assert torch.equal(lo[0, 0], (torch.arange(17) - 2).clamp(min=0).int())
+    assert mask.intervals(10, 10) is not first  # dropped, then computed again

@@ -78,8 +78,7 @@ class Call:
                     if log:
                         comm.log_pair(qp.length, kp.length)
                     yield qi, slice(qp.start + a, qp.start + b), kq, BlockOf(
-                        g.mask, int(qp.positions[0]) + a, int(kq.positions[0]), g.L, g.S,
-                        g.intervals)
+                        g.mask, int(qp.positions[0]) + a, int(kq.positions[0]), g.L, g.S)
                     continue
                 # a FULL pair needs no mask and no score buffer (the fused and tiled paths are
                 # linear in its rows): one call; dense masks and dropout's keep masks go in chunks

@@ -12,13 +12,11 @@ from attnlab.masks import Mask
 
 
 class BlockOf(Mask):
-    """The global mask `m` of an L × S problem on the block starting at (q0, k0); `intervals`:
-    m's own (lo, hi) at L × S where the caller has them (a block's are a slice of them)."""
+    """The global mask `m` of an L × S problem on the block starting at (q0, k0)."""
 
-    def __init__(self, m: Mask, q0: int, k0: int, L: int, S: int, intervals=None):
+    def __init__(self, m: Mask, q0: int, k0: int, L: int, S: int):
         self.m, self.q0, self.k0, self.L, self.S = m, int(q0), int(k0), int(L), int(S)
         self.batch_size, self.heads = m.batch_size, m.heads
-        self.global_intervals = intervals  # m.intervals(L, S) when the caller has them
 
     def _block(self, rows, cols, Lb, Sb):
         return self.m._block(rows + self.q0, cols + self.k0, self.L, self.S)
@@ -39,9 +37,7 @@ class BlockOf(Mask):
         """Per-row key intervals of the block: the global mask's rows q0 … q0 + Lb − 1, shifted
         by k0 (clamped to the block by `Mask.intervals`); None where the global mask has none.
         With them the single-process path runs an interval-shaped block on the interval kernel."""
-        got = self.global_intervals
-        if got is None or device is not None:
-            got = self.m.intervals(self.L, self.S, device=device)
+        got = self.m.intervals(self.L, self.S, device=device)  # computed once, kept with m
         if got is None:
             return None
         return tuple(x[..., self.q0:self.q0 + Lb].long() - self.k0 for x in got)  # (Bm, Hm, Lb)

@@ -16,6 +16,7 @@ full when evaluated; EMPTY and FULL are always exact.
 from __future__ import annotations
 
 import operator
+import weakref
 
 import torch
 
@@ -100,17 +101,28 @@ class Mask:
     def intervals(self, L: int, S: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-row key intervals: int32 (lo, hi) of shape (Bm, Hm, L) with Bm, Hm in {1, B},
         {1, H}, such that query i may attend key j exactly when lo <= j < hi; an empty row has
-        lo = hi = 0. None when some row's keys are not one interval. O(L), no L×S matrix."""
+        lo = hi = 0. None when some row's keys are not one interval. O(L), no L×S matrix.
+
+        Computed once per (L, S, device) and kept with the mask for its SIZES_KEPT latest sizes
+        (a forward, its backward and its weights ask for the same): a mask is a value, its
+        tensors are not changed after it is built, and the result is not to be written to."""
         L, S = _size("L", L), _size("S", S)
+        per = _INTERVALS.setdefault(self, {})
+        key = (L, S, None if device is None else str(torch.device(device)))
+        if key in per:
+            return per[key]
         self.check(L, S)
         got = self._intervals(L, S, device)
-        if got is None:
-            return None
-        lo, hi = (torch.as_tensor(x, device=device).clamp(0, S) for x in got)
-        lo, hi = torch.broadcast_tensors(_rows3(lo, L), _rows3(hi, L))
-        live = lo < hi
-        lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
-        return lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+        if got is not None:
+            lo, hi = (torch.as_tensor(x, device=device).clamp(0, S) for x in got)
+            lo, hi = torch.broadcast_tensors(_rows3(lo, L), _rows3(hi, L))
+            live = lo < hi
+            lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
+            got = lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+        per[key] = got
+        while len(per) > SIZES_KEPT:  # a loop over growing lengths keeps only the latest
+            del per[next(iter(per))]
+        return got
 
     def tiles(self, L: int, S: int, block_q: int, block_k: int, device=None) -> torch.Tensor:
         """int8 (Bm, Hm, ceil(L/block_q), ceil(S/block_k)): EMPTY=0, PARTIAL=1, FULL=2 per tile."""
@@ -129,6 +141,11 @@ class Mask:
 
     def __invert__(self) -> Mask:
         return Not(self)
+
+
+#: per mask: its intervals by (L, S, device), the SIZES_KEPT latest, living as long as the mask
+_INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+SIZES_KEPT = 4
 
 
 def _rows3(x: torch.Tensor, L: int) -> torch.Tensor:

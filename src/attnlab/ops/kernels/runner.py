@@ -9,7 +9,6 @@ no dense `attn_mask`, no dropout, a float32/float16/bfloat16 CPU input. Backends
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 
@@ -34,19 +33,7 @@ def _intervals(p: Problem):
     if m is None:  # every row sees every key
         return (torch.zeros(1, 1, d.L, dtype=torch.int32),
                 torch.full((1, 1, d.L), d.S, dtype=torch.int32))
-    per = _INTERVALS.setdefault(m, {})
-    key = (d.L, d.S)
-    if key not in per:  # a forward's intervals serve its backward's and weights' calls
-        per[key] = m.intervals(d.L, d.S)
-        while len(per) > SIZES_KEPT:  # a loop over growing lengths keeps only the latest
-            del per[next(iter(per))]
-    return per[key]
-
-
-#: per mask (a value: its tensors are not changed after it is built): its intervals by (L, S),
-#: the SIZES_KEPT latest sizes, living as long as the mask
-_INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-SIZES_KEPT = 4
+    return m.intervals(d.L, d.S)  # kept with the mask: a forward's serve its weights' call
 
 
 def applies(p: Problem) -> bool:
