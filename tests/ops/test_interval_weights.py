@@ -224,3 +224,27 @@ def test_intervals_are_kept_with_the_mask_for_the_latest_sizes():
     assert torch.equal(hi[0, 0], torch.arange(1, 18, dtype=torch.int32))
     assert torch.equal(lo[0, 0], (torch.arange(17) - 2).clamp(min=0).int())
     assert mask.intervals(10, 10) is not first  # dropped, then computed again
+
+
+@pytest.mark.parametrize("isa", isa_params())
+def test_per_batch_and_per_head_intervals(isa):
+    B, H, Hkv, L, S, _ = shape = (2, 4, 2, 33, 41, 16)
+    q, k = inputs(shape, 12, torch.float32)
+    i = torch.arange(L)
+    width = torch.tensor([[2, 5, 9, 40], [1, 3, 7, 11]])[..., None]  # (B, H, 1): a window each
+    hi = (i + 3).clamp(max=S).expand(B, H, L)
+    lo = (hi - width).clamp(min=0)
+    _, lse = kernels.interval_forward(q, k, torch.zeros(B, Hkv, S, 8), lo, hi, scale=0.3,
+                                      isa=isa)
+    w = kernels.interval_weights(q, k, lse, lo, hi, [0, 32, 17], scale=0.3, isa=isa)
+    ref, _ = weights(q.double(), k.double(), lo, hi, 0.3)
+    assert_close(w, ref[:, :, [0, 32, 17]].float(), atol=2e-6, what=f"{isa} per-head weights")
+
+
+def test_large_intervals_are_not_kept(monkeypatch):
+    from attnlab.masks import base
+
+    monkeypatch.setattr(base, "KEPT_ROWS", 100)
+    mask = masks.causal()
+    assert mask.intervals(101, 101) is not mask.intervals(101, 101)  # recomputed each time
+    assert mask.intervals(100, 100) is mask.intervals(100, 100)

@@ -104,8 +104,9 @@ class Mask:
         lo = hi = 0. None when some row's keys are not one interval. O(L), no L×S matrix.
 
         Computed once per (L, S, device) and kept with the mask for its SIZES_KEPT latest sizes
-        (a forward, its backward and its weights ask for the same): a mask is a value, its
-        tensors are not changed after it is built, and the result is not to be written to."""
+        (a forward, its backward and its weights ask for the same; up to KEPT_ROWS rows): a mask
+        is a value, its tensors are not changed after it is built, and the result is not to be
+        written to."""
         L, S = _size("L", L), _size("S", S)
         per = _INTERVALS.setdefault(self, {})
         key = (L, S, None if device is None else str(torch.device(device)))
@@ -119,7 +120,8 @@ class Mask:
             live = lo < hi
             lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
             got = lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
-        per[key] = got
+        if got is None or got[0].numel() <= KEPT_ROWS:  # larger ones: recomputed (O(L))
+            per[key] = got
         while len(per) > SIZES_KEPT:  # a loop over growing lengths keeps only the latest
             del per[next(iter(per))]
         return got
@@ -143,9 +145,11 @@ class Mask:
         return Not(self)
 
 
-#: per mask: its intervals by (L, S, device), the SIZES_KEPT latest, living as long as the mask
+#: per mask: its intervals by (L, S, device), the SIZES_KEPT latest, living as long as the mask;
+#: only those of at most KEPT_ROWS rows (16 MiB: a padding mask over 64 sequences of 32k tokens)
 _INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 SIZES_KEPT = 4
+KEPT_ROWS = 1 << 21
 
 
 def _rows3(x: torch.Tensor, L: int) -> torch.Tensor:
