@@ -10,7 +10,7 @@ import pytest
 from attnlab import AttnlabError
 from attnlab.cli import main
 from attnlab.models import TrainConfig
-from attnlab.models.trainer import lr_at, with_schedule
+from attnlab.models.schedule import lr_at, with_schedule
 
 FAST = ["--batch-size", "2", "--eval-interval", "100", "--quiet", "--threads", "1"]
 

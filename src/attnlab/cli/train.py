@@ -170,7 +170,7 @@ def _trainer(args, out: Path, parallel):
     if parallel is None or parallel.is_main:
         _check_out(args, out)
     from attnlab.models.config import TrainConfig
-    from attnlab.models.trainer import with_schedule
+    from attnlab.models.schedule import with_schedule
 
     progress = not args.quiet
     schedule = {"lr": args.lr, "min_lr": args.min_lr, "warmup_steps": args.warmup_steps}

@@ -13,8 +13,9 @@ from attnlab.models.corpus import corpus_license, load_corpus
 from attnlab.models.gpt import GPT
 from attnlab.models.gpt_attention import capture_attention
 from attnlab.models.sampling import generate
+from attnlab.models.schedule import lr_at
 from attnlab.models.tokenizer import CharTokenizer, tokenizer_from_spec
-from attnlab.models.trainer import Trainer, lr_at
+from attnlab.models.trainer import Trainer
 
 __all__ = [
     "GPT",
