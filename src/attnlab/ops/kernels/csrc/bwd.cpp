@@ -68,13 +68,15 @@ void grad_step(const Problem& pr, const Rows& rw, float* Sb, float* dPb, int64_t
     }
     RowMods md{pr.softcap, pr.softcap > 0 ? 1.0f / pr.softcap : 0.0f, slope,
                pr.slopes != nullptr, pr.pos_off - (rw.i0 + r), pr.scale};
-    const vf l = vset(rw.lse[r]), dl = vset(rw.delta[r]);
+    const vf l = vset(rw.lse[r]), nl = vset(-rw.lse[r]), dl = vset(rw.delta[r]);
+    const vf sc = vset(md.scale);
+    const bool plain = md.plain();
     for (int v = va; v < vb; ++v) {
       const int jv = j0 + v * W;
       vf t = vzero();
-      vf x = modify(vload(s + v * W), md, jv, &t);
+      vf x = plain ? vload(s + v * W) : modify(vload(s + v * W), md, jv, &t);
       if (jv < lo || jv + W > hi) x = vmask(x, jv, lo, hi);  // only the row's edge vectors
-      vf pv = vexp(vsub(x, l));
+      vf pv = vexp(plain ? vfma(x, sc, nl) : vsub(x, l));
       vf ds = vmul(pv, vsub(vload(dp + v * W), dl));
       if (md.cap > 0) ds = vmul(ds, vsub(vset(1.0f), vmul(t, t)));  // d tanh
       vstore(s + v * W, pv);

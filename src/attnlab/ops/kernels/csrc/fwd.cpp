@@ -67,23 +67,30 @@ static void softmax_step(const Problem& pr, const RowMods& md0, float* Sb, int j
     RowMods md = md0;
     md.rel0 = pr.pos_off - (i0 + r);
     vf mx = vset(NEG_INF);
+    const bool plain = md.plain();  // products kept; the max of the scores is scale · theirs
     for (int v = va; v < vb; ++v) {
       const int jv = j0 + v * W;
-      vf x = modify(vload(s + v * W), md, jv, nullptr);
-      if (jv < lo || jv + W > hi) x = vmask(x, jv, lo, hi);  // only the row's edge vectors
+      const bool edge = jv < lo || jv + W > hi;  // only the row's edge vectors are masked
+      if (plain && !edge) {
+        mx = vmax(mx, vload(s + v * W));
+        continue;
+      }
+      vf x = plain ? vload(s + v * W) : modify(vload(s + v * W), md, jv, nullptr);
+      if (edge) x = vmask(x, jv, lo, hi);
       vstore(s + v * W, x);
       mx = vmax(mx, x);
     }
-    const float mo = m[r], mn = std::max(mo, hmax(mx));
+    const float top = plain ? hmax(mx) * md.scale : hmax(mx);
+    const float mo = m[r], mn = std::max(mo, top);
     if (mn == NEG_INF) {  // every score -inf (infinite inputs): nothing to add
       zero_span(s + va * W, (vb - va) * W);
       continue;
     }
     const float a = mo == NEG_INF ? 0.0f : std::exp(mo - mn);
-    const vf shift = vset(mn);
+    const vf shift = vset(mn), nshift = vset(-mn), sc = vset(md.scale);
     vf sum = vzero();
     for (int v = va; v < vb; ++v) {
-      vf p = vexp(vsub(vload(s + v * W), shift));
+      vf p = vexp(plain ? vfma(vload(s + v * W), sc, nshift) : vsub(vload(s + v * W), shift));
       vstore(s + v * W, p);
       sum = vadd(sum, p);
     }

@@ -113,6 +113,10 @@ struct RowMods {
   bool alibi;
   int rel0;            // j - i + pos_off at j = 0: ALiBi's distance is rel0 + j
   float scale;
+  // no softcap, no ALiBi, a positive scale: a score's exp(s - shift) is exp(fma(q·k, scale,
+  // -shift)), one rounding and no stored scores; the forward, backward and weights all take it,
+  // so the lse fits the P and the weights recomputed from it
+  bool plain() const { return cap <= 0 && !alibi && scale > 0; }
 };
 
 // the scale, softcap and ALiBi on one vector of products q·k at keys j0.. (ops/scores.py's order:

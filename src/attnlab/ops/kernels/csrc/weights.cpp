@@ -67,12 +67,13 @@ void weights_item(const Problem& pr, const WeightRows& wr, int64_t item, float* 
       if (rlo[rr] >= rhi[rr]) continue;
       float* o = out + (bh * wr.R + r0 + rr) * (int64_t)S + j0;
       md.rel0 = pr.pos_off - ri[rr];
-      const vf l = vset(rl[rr]);
+      const vf l = vset(rl[rr]), nl = vset(-rl[rr]), sc = vset(md.scale);
       for (int v = 0; v < vb; ++v) {
         const int jv = j0 + v * W;
-        vf x = vmask(modify(vload(Sb + rr * WBK + v * W), md, jv, nullptr), jv, rlo[rr],
-                     rhi[rr]);
-        x = vexp(vsub(x, l));  // -inf (outside the row's interval) -> exactly 0
+        vf x = vload(Sb + rr * WBK + v * W);
+        x = vmask(md.plain() ? x : modify(x, md, jv, nullptr), jv, rlo[rr], rhi[rr]);
+        // exp(s - lse) as the forward computed its lse; -inf (outside the interval) -> 0
+        x = vexp(md.plain() ? vfma(x, sc, nl) : vsub(x, l));
         if ((v + 1) * W <= n) {
           vstore(o + v * W, x);
         } else {  // the block's last keys: only the n - v·W that belong to it
