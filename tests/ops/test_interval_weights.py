@@ -248,3 +248,15 @@ def test_large_intervals_are_not_kept(monkeypatch):
     mask = masks.causal()
     assert mask.intervals(101, 101) is not mask.intervals(101, 101)  # recomputed each time
     assert mask.intervals(100, 100) is mask.intervals(100, 100)
+
+
+def test_intervals_copied_to_a_device_are_kept_the_same_way():
+    from attnlab.masks import base
+
+    mask = masks.sliding_window(5)
+    got = mask.intervals_copied(30, 30, "cpu")
+    assert mask.intervals_copied(30, 30, torch.device("cpu")) is got
+    assert all(torch.equal(a, b) for a, b in zip(got, mask.intervals(30, 30)))
+    for L in range(31, 31 + base.SIZES_KEPT):
+        mask.intervals_copied(L, L, "cpu")
+    assert (30, 30, "copied to cpu") not in base._INTERVALS[mask]  # the oldest left first

@@ -108,19 +108,40 @@ class Mask:
         is a value, its tensors are not changed after it is built, and the result is not to be
         written to."""
         L, S = _size("L", L), _size("S", S)
-        per = _INTERVALS.setdefault(self, {})
-        key = (L, S, None if device is None else str(torch.device(device)))
-        if key in per:
-            return per[key]
+        return self._kept((L, S, None if device is None else str(torch.device(device))),
+                          lambda: self._compute_intervals(L, S, device))
+
+    def intervals_copied(self, L: int, S: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`intervals(L, S)` computed on the host and copied to `device`, once, kept the same
+        way: for a device call (some kinds find their intervals with searches that would sync
+        a device)."""
+        L, S = _size("L", L), _size("S", S)
+
+        def copy():
+            got = self.intervals(L, S)
+            return None if got is None else tuple(x.to(device) for x in got)
+
+        return self._kept((L, S, f"copied to {torch.device(device)}"), copy)
+
+    def _compute_intervals(self, L: int, S: int, device):
         self.check(L, S)
         got = self._intervals(L, S, device)
-        if got is not None:
-            lo, hi = (torch.as_tensor(x, device=device).clamp(0, S) for x in got)
-            lo, hi = torch.broadcast_tensors(_rows3(lo, L), _rows3(hi, L))
-            live = lo < hi
-            lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
-            got = lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
-        if got is None or got[0].numel() <= KEPT_ROWS:  # larger ones: recomputed (O(L))
+        if got is None:
+            return None
+        lo, hi = (torch.as_tensor(x, device=device).clamp(0, S) for x in got)
+        lo, hi = torch.broadcast_tensors(_rows3(lo, L), _rows3(hi, L))
+        live = lo < hi
+        lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
+        return lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+
+    def _kept(self, key, compute):
+        """compute() once per key, kept with the mask (the SIZES_KEPT latest keys, results of
+        at most KEPT_ROWS rows; larger ones are recomputed, O(L))."""
+        per = _INTERVALS.setdefault(self, {})
+        if key in per:
+            return per[key]
+        got = compute()
+        if got is None or got[0].numel() <= KEPT_ROWS:
             per[key] = got
         while len(per) > SIZES_KEPT:  # a loop over growing lengths keeps only the latest
             del per[next(iter(per))]
@@ -145,7 +166,8 @@ class Mask:
         return Not(self)
 
 
-#: per mask: its intervals by (L, S, device), the SIZES_KEPT latest, living as long as the mask;
+#: per mask: its intervals by (L, S, device) (and host copies by device), the SIZES_KEPT latest,
+#: living as long as the mask;
 #: only those of at most KEPT_ROWS rows (16 MiB: a padding mask over 64 sequences of 32k tokens)
 _INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 SIZES_KEPT = 4

@@ -19,7 +19,6 @@ through the kernel itself and cannot spread further.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 
@@ -91,13 +90,4 @@ def _intervals(p: Problem):
         return None
     if m.batch_size > 1 and len(p.dims.batch) != 1:
         return None
-    per = _INTERVALS.setdefault(m, {})
-    key = (p.dims.L, p.dims.S, str(p.query.device))
-    if key not in per:
-        iv = m.intervals(p.dims.L, p.dims.S)
-        per[key] = None if iv is None else tuple(x.to(p.query.device) for x in iv)
-    return per[key]
-
-
-#: per mask: its intervals by (L, S, device), living as long as the mask
-_INTERVALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    return m.intervals_copied(p.dims.L, p.dims.S, p.query.device)
