@@ -38,15 +38,15 @@ def test_head_groups_split_large_blocks_only_when_every_head_shares_the_mask():
     from attnlab import masks
 
     q = torch.zeros(1, 8, 4096, 64)
-    pairs = [(0, slice(0, 4096), None, None)]  # 8 · 4096 · 64 elements > HEAD_SPLIT_ELEMENTS
-    assert attend.head_groups(_call(masks.causal()), q, 2, 4096, pairs) == [
+    rows = 4096  # 8 · 4096 · 64 elements > HEAD_SPLIT_ELEMENTS
+    assert attend.head_groups(_call(masks.causal()), q, 2, 4096, rows) == [
         (slice(0, 4), slice(0, 1)), (slice(4, 8), slice(1, 2))]
-    small = [(0, slice(0, 2048), None, None)]  # 8 · 2048 · 64: one call
+    small = 2048  # 8 · 2048 · 64: one call
     assert attend.head_groups(_call(masks.causal()), q[:, :, :2048], 2, 2048, small) == [
         (slice(None),) * 2]
     per_head = masks.from_function(lambda b, h, i, j: j <= i + h, heads=8)
-    assert attend.head_groups(_call(per_head), q, 2, 4096, pairs) == [(slice(None),) * 2]
-    assert attend.head_groups(_call(dropout_p=0.1), q, 2, 4096, pairs) == [(slice(None),) * 2]
+    assert attend.head_groups(_call(per_head), q, 2, 4096, rows) == [(slice(None),) * 2]
+    assert attend.head_groups(_call(dropout_p=0.1), q, 2, 4096, rows) == [(slice(None),) * 2]
 
 
 def test_ledger_counts_new_storages_not_views():

@@ -1,5 +1,6 @@
-"""This rank's queries against one key block that arrived from somewhere: the loop over (query
-piece, key piece) pairs shared by the ring and the all-gather strategies.
+"""This rank's queries against one key block that arrived from somewhere, shared by the ring
+and the all-gather strategies: as whole interval-kernel calls where it can (`kernel_block`),
+else the loop over (query piece, key piece) pairs.
 
 A pair whose tiles are all EMPTY is never computed; a FULL pair builds no mask; a PARTIAL pair
 evaluates the mask on its global rows × columns and is skipped if nothing in it may attend.
@@ -14,11 +15,11 @@ columns (`distributed.keyed`) and runs the plain block math of `blocks.dropout_f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from attnlab.distributed import comm, keyed
+from attnlab.distributed import comm, kernel_block, keyed
 from attnlab.distributed.blockmask import BlockOf
 from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward, merge_into
 from attnlab.distributed.geometry import Geometry, _tiles_exact
@@ -48,6 +49,7 @@ class Call:
     dropout_p: float = 0.0
     dropout_seed: int = 0  # the key of the dropout masks (see distributed.keyed)
     call_no: int = 0  # this process's count of context-parallel calls (errors name it)
+    memo: dict = field(default_factory=dict, repr=False)  # facts of this call's inputs
 
     @property
     def q_pieces(self) -> list[Piece]:
@@ -185,10 +187,17 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
     NaN/Inf go through `ops.nonfinite` block by block, as `attnlab.attention` treats the whole
     call: a block zeroes its poisoned keys/values (under a masked call, also in a block the mask
     leaves FULL) and query rows, and its rows that may attend them come out NaN, which the merge
-    carries into the row's global result."""
+    carries into the row's global result.
+
+    An interval-shaped block with finite inputs runs as whole kernel calls (`kernel_block`)."""
     from attnlab.ops import dispatch
     from attnlab.ops.validate import make_problem
 
+    block = kernel_block.spans(c, q_acc, k_buf, v_buf, k_pieces)
+    if block is not None:
+        _log_pairs(c, k_pieces, q_acc)
+        kernel_block.forward(c, state, q_acc, k_buf, v_buf, block)
+        return
     for qi, rows, kp, allowed in c.pairs(k_pieces, q_acc, log=True):
         k, v = _rows(k_buf, kp).to(c.acc), _rows(v_buf, kp).to(c.acc)
         if c.dropout_p > 0:  # plain ops on the keyed mask of these rows x columns
@@ -204,6 +213,14 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
         out, lse = state[qi]
         sl = _local(c, qi, rows)
         merge_into(out[:, :, sl], lse[:, :, sl], o, l)
+
+
+def _log_pairs(c: Call, k_pieces: list[Piece], q_acc) -> None:
+    """Count the block's (query piece, key piece) pairs in an active `comm.record()`, as the
+    pair loop does, when the block runs as whole kernel calls."""
+    if comm.recording():
+        for _ in c.pairs(k_pieces, q_acc, log=True):
+            pass
 
 
 def finish_forward(ctx, c: Call, state, q, k, v):
@@ -254,6 +271,12 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece],
     own rows as soon as it is complete, and (k_buf, v_buf) are returned as (dk, dv) — no second
     block-sized buffer.
     """
+    block = kernel_block.spans(c, saved[0], k_buf, v_buf, k_pieces)
+    if block is not None:
+        return kernel_block.backward(
+            c, saved, dq_acc, k_buf, v_buf, block,
+            reuse and k_buf.dtype == c.acc and v_buf.dtype == c.acc,
+            lambda rows, keys: head_groups(c, saved[0], k_buf.shape[1], keys, rows))
     if reuse and k_buf.dtype == c.acc and v_buf.dtype == c.acc:
         for kp in k_pieces:
             _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(k_buf, kp), _rows(v_buf, kp),
@@ -277,7 +300,8 @@ def _piece_grads(c: Call, saved, dq_acc, k_buf, v_buf, kp: Piece, dk_to, dv_to,
     are one head's: the transient memory of a call falls by Hkv."""
     q_acc = saved[0]
     pairs = list(c.pairs([kp], q_acc))
-    for hq, hk in head_groups(c, q_acc, k_buf.shape[1], kp.length, pairs):
+    rows = max((r.stop - r.start for _, r, _, _ in pairs), default=0)
+    for hq, hk in head_groups(c, q_acc, k_buf.shape[1], kp.length, rows):
         dk = dv = None  # overwrite: the sum (B, heads hk, kp.length, D|Dv) before it is written
         for qi, r, kq, allowed in pairs:  # kq: kp, or the sub-run of it the rows r may attend
             dk_b, dv_b = _pair_grads(c, saved, dq_acc, k_buf, v_buf, qi, r, kq, allowed, hq, hk)
@@ -310,14 +334,15 @@ HEAD_SPLIT_ELEMENTS = 1 << 20
 
 
 def head_groups(c: Call, q: torch.Tensor, Hkv: int, keys: int,
-                pairs) -> list[tuple[slice, slice]]:
-    """(query heads, key/value heads) slices that a piece's backward runs one after another:
-    one key/value head at a time when the rows are large and every pair's mask is the same for
-    all heads (no per-head mask, no dropout: its keyed mask is per head), else all heads."""
+                rows: int) -> list[tuple[slice, slice]]:
+    """(query heads, key/value heads) slices that a piece's backward (`keys` keys, at most `rows`
+    query rows per call) runs one after another: one key/value head at a time when the rows
+    are large and every pair's mask is the same for all heads (no per-head mask, no dropout: its
+    keyed mask is per head), else all heads. A call over one rank holds what one process holds
+    (nothing to fall with P): all heads."""
     B, H, _, D = q.shape
     every = [(slice(None), slice(None))]
-    rows = max((r.stop - r.start for _, r, _, _ in pairs), default=0)
-    if c.dropout_p > 0 or B * H * max(rows, keys) * D <= HEAD_SPLIT_ELEMENTS:
+    if c.world == 1 or c.dropout_p > 0 or B * H * max(rows, keys) * D <= HEAD_SPLIT_ELEMENTS:
         return every
     if c.geom.mask is not None and c.geom.mask.heads > 1:
         return every

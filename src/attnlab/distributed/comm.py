@@ -139,6 +139,11 @@ def _log(op: Op) -> None:
         log.ops.append(op)
 
 
+def recording() -> bool:
+    """Some `record()` is active on this rank."""
+    return bool(_logs)
+
+
 def log_pair(rows: int, cols: int) -> None:
     for log in _logs:
         log.pairs.append((rows, cols))
