@@ -99,8 +99,8 @@ static inline void transpose_rows16(const float* x, int64_t n, float* o, bool st
   }
 }
 static inline vf vexp(vf x) {
+  // x >= EXP_FLOOR (NaN and -inf fail): exp(x) = 2^n · e^r, the power applied by scalef
   __mmask16 keep = _mm512_cmp_ps_mask(x, vset(EXP_FLOOR), _CMP_GE_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, vset(EXP_FLOOR)), vset(88.3f));
   vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, vset(1.44269504088896341f)),
                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   vf r = _mm512_fnmadd_ps(n, vset(0.693359375f), x);
@@ -112,8 +112,7 @@ static inline vf vexp(vf x) {
   p = vfma(p, r, vset(1.6666665459e-1f));
   p = vfma(p, r, vset(5.0000001201e-1f));
   vf y = vadd(vfma(vmul(p, r), r, r), vset(1.0f));
-  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, vmul(y, _mm512_castsi512_ps(e)));
+  return _mm512_maskz_scalef_ps(keep, y, n);
 }
 
 #elif defined(ATTNLAB_AVX2)
