@@ -67,7 +67,7 @@ def _rank(g: Geometry, r: int, spans: bool, monkeypatch, reuse: bool, seed=0):
         assert spans == (kernel_block.spans(c, q_r, kb, vb, pieces) is not None)
         attend.forward_block(c, state, q_r, kb, vb, pieces)
     gen = torch.Generator().manual_seed(seed + 1)
-    dout = torch.randn(state.out.shape, generator=gen)
+    dout = torch.randn(state.ready().out.shape, generator=gen)
     dlse = torch.randn(state.lse.shape, generator=gen)
     saved = (q_r, state.out, state.lse, dout, dlse)
     dq = torch.zeros_like(q_r)

@@ -162,23 +162,44 @@ def keep(c: Call, q: torch.Tensor, qi: int, rows: slice, kp: Piece, head0: int =
 @dataclass
 class State:
     """A forward's running result: out (B, H, L_local, Dv) and lse (B, H, L_local) in the acc
-    dtype, and per query piece the views of its rows (`state[qi]`), merged into in place."""
+    dtype, and per query piece the views of its rows (`state[qi]`), merged into in place.
 
-    out: torch.Tensor
-    lse: torch.Tensor
-    views: list
+    Made on first use (`ready`): a first block that covers every row hands its own result over
+    (`take`), so a call of one block (P = 1) merges nothing and zeroes nothing."""
+
+    size: tuple  # (B, H, L_local, Dv)
+    dtype: torch.dtype
+    device: torch.device
+    pieces: list  # this rank's query pieces
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+    def ready(self) -> State:
+        """out 0 and lse −inf where nothing is merged yet."""
+        if self.out is None:
+            B, H, n, Dv = self.size
+            self.out = kernels.zeros(B, H, n, Dv, dtype=self.dtype, device=self.device)
+            self.lse = torch.full((B, H, n), float("-inf"), dtype=self.dtype, device=self.device)
+        return self
+
+    def take(self, out: torch.Tensor, lse: torch.Tensor) -> bool:
+        """Adopt (out, lse) of every row as the result when nothing is merged yet."""
+        if self.out is not None or tuple(out.shape) != self.size or out.dtype != self.dtype:
+            return False
+        self.out, self.lse = out, lse.to(self.dtype)
+        return True
 
     def __getitem__(self, qi: int):
-        return self.views[qi]
+        self.ready()
+        p = self.pieces[qi]
+        return (self.out[:, :, p.start:p.start + p.length],
+                self.lse[:, :, p.start:p.start + p.length])
 
 
 def start_state(c: Call, q: torch.Tensor, Dv: int) -> State:
     """The State of nothing seen yet: out 0, lse −inf."""
     B, H, n = q.shape[:3]
-    out = kernels.zeros(B, H, n, Dv, dtype=c.acc, device=q.device)
-    lse = q.new_full((B, H, n), float("-inf"), dtype=c.acc)
-    return State(out, lse, [(out[:, :, p.start:p.start + p.length],
-                             lse[:, :, p.start:p.start + p.length]) for p in c.q_pieces])
+    return State((B, H, n, Dv), c.acc, q.device, c.q_pieces)
 
 
 def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) -> None:
@@ -226,7 +247,7 @@ def _log_pairs(c: Call, k_pieces: list[Piece], q_acc) -> None:
 def finish_forward(ctx, c: Call, state, q, k, v):
     """End a strategy's forward: keep (q, k, v, out, lse) for its backward (nothing of size S),
     return (out in q's dtype, lse)."""
-    out, lse = state.out, state.lse
+    out, lse = state.ready().out, state.lse
     ctx.c = c
     ctx.save_for_backward(q, k, v, out, lse)
     return out.to(q.dtype), lse
