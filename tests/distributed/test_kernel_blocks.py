@@ -210,3 +210,23 @@ def test_a_block_whose_positions_do_not_ascend_runs_in_one_call_per_run(monkeypa
         q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1),
         is_causal=True, scale=0.25)[:, :, g.q.positions(0)]
     assert_close(state.out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_pairs_are_logged_as_the_pair_loop_logs_them_call_after_call(monkeypatch):
+    """`comm.record()` counts the same block pairs whether a block runs as spans or pair by
+    pair, on the first call of a signature and on the next (whose count is replayed)."""
+    import attnlab.distributed as cp
+    from attnlab.distributed import comm
+
+    L = 300
+    q, k, v = _inputs(L)
+    m = masks.sliding_window(40)
+
+    def logged():
+        with comm.record() as log:
+            cp.context_parallel_attention(q, k, v, mask=m, strategy="ring", enable_gqa=True)
+        return log.pairs
+
+    first, second = logged(), logged()
+    monkeypatch.setattr(kernel_block, "ENABLED", False)
+    assert first == second == logged() and len(first) == 3  # zigzag P = 1: 2 diagonals + band

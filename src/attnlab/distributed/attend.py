@@ -216,7 +216,7 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
 
     block = kernel_block.spans(c, q_acc, k_buf, v_buf, k_pieces)
     if block is not None:
-        _log_pairs(c, k_pieces, q_acc)
+        _log_pairs(c, k_buf, k_pieces, q_acc)
         kernel_block.forward(c, state, q_acc, k_buf, v_buf, block)
         return
     for qi, rows, kp, allowed in c.pairs(k_pieces, q_acc, log=True):
@@ -236,12 +236,22 @@ def forward_block(c: Call, state, q_acc, k_buf, v_buf, k_pieces: list[Piece]) ->
         merge_into(out[:, :, sl], lse[:, :, sl], o, l)
 
 
-def _log_pairs(c: Call, k_pieces: list[Piece], q_acc) -> None:
+def _log_pairs(c: Call, k_buf, k_pieces: list[Piece], q_acc) -> None:
     """Count the block's (query piece, key piece) pairs in an active `comm.record()`, as the
-    pair loop does, when the block runs as whole kernel calls."""
-    if comm.recording():
-        for _ in c.pairs(k_pieces, q_acc, log=True):
-            pass
+    pair loop does, when the block runs as whole kernel calls (found once per geometry, rank
+    and block: they follow from those alone)."""
+    if not comm.recording():
+        return
+    key = ("logged pairs", c.rank, c.dropout_p > 0, kernel_block.block_key(k_buf, k_pieces))
+    pairs = c.geom._cache.get(key)
+    if pairs is None:
+        with comm.record() as log:  # every active record sees them too
+            for _ in c.pairs(k_pieces, q_acc, log=True):
+                pass
+        c.geom._cache[key] = log.pairs
+    else:
+        for rows, cols in pairs:
+            comm.log_pair(rows, cols)
 
 
 def finish_forward(ctx, c: Call, state, q, k, v):

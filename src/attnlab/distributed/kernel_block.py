@@ -48,12 +48,16 @@ def spans(c, q_acc: torch.Tensor, k_buf, v_buf, k_pieces: list[Piece]) -> list[S
     """The block as kernel calls, or None when the pair loop must run it (see the module
     docstring). `c` is the strategy's `attend.Call`. Found once per block of a call: the
     backward gets what the forward found (its blocks hold the same rows, saved unchanged)."""
-    key = ("kernel_block.spans", k_buf.shape[2],
-           tuple((p.start, p.length, int(p.positions[0]), int(p.positions[-1]))
-                 for p in k_pieces if p.length))
+    key = ("kernel_block.spans", block_key(k_buf, k_pieces))
     if key not in c.memo:
         c.memo[key] = _find(c, q_acc, k_buf, v_buf, k_pieces)
     return c.memo[key]
+
+
+def block_key(k_buf, k_pieces: list[Piece]) -> tuple:
+    """What tells a call's key blocks apart: their rows and the global positions they hold."""
+    return (k_buf.shape[2], tuple((p.start, p.length, int(p.positions[0]), int(p.positions[-1]))
+                                  for p in k_pieces if p.length))
 
 
 def _find(c, q_acc, k_buf, v_buf, k_pieces) -> list[Span] | None:
