@@ -230,3 +230,34 @@ def test_pairs_are_logged_as_the_pair_loop_logs_them_call_after_call(monkeypatch
     first, second = logged(), logged()
     monkeypatch.setattr(kernel_block, "ENABLED", False)
     assert first == second == logged() and len(first) == 3  # zigzag P = 1: 2 diagonals + band
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_block_in_two_parts_of_heads_adds_up_to_the_whole(split, monkeypatch):
+    """The ring's own block in two parts of the key/value heads, the second added onto what
+    arrived in between, gives the whole block's gradients (head by head and in tiles too)."""
+    if split:
+        monkeypatch.setattr(attend, "HEAD_SPLIT_ELEMENTS", 0)
+    L = 300
+    g = Geometry(L, L, 2, "zigzag", masks.sliding_window(60))
+    q, k, v = _inputs(L)
+    c = Call(g, None, 0, 2, D ** -0.5, None, torch.float32)
+    q0, k0, v0 = (x[:, :, g.q.positions(0)].contiguous() for x in (q, k, v))
+    own = g.k.pieces(0)
+    state = attend.start_state(c, q0, D)
+    attend.forward_block(c, state, q0, k0, v0, own)
+    gen = torch.Generator().manual_seed(3)
+    saved = (q0, state.out, state.lse, torch.randn(state.out.shape, generator=gen), None)
+    dq_whole = torch.zeros_like(q0)
+    dk_whole, dv_whole = attend.backward_block(c, saved, dq_whole, k0, v0, own)
+    parts = attend.in_parts(c, saved, k0, v0, own)
+    assert parts == [slice(0, 1), slice(1, 2)]
+    dq = torch.zeros_like(q0)
+    dk, dv = attend.backward_block(c, saved, dq, k0, v0, own, kv_heads=parts[0])
+    arrived = torch.randn(dk.shape, generator=gen)
+    dk.add_(arrived)
+    dv.add_(arrived)
+    attend.backward_block(c, saved, dq, k0, v0, own, kv_heads=parts[1], into=(dk, dv))
+    assert_close(dq, dq_whole, atol=1e-6, rtol=1e-6)
+    assert_close(dk - arrived, dk_whole, atol=1e-5, rtol=1e-5)
+    assert_close(dv - arrived, dv_whole, atol=1e-5, rtol=1e-5)

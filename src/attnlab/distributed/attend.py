@@ -293,7 +293,7 @@ def _finite_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece],
-                   reuse: bool = False):
+                   reuse: bool = False, kv_heads: slice | None = None, into=None):
     """Add this block's dq into dq_acc; return (dk, dv) (B, Hkv, rows of k_buf, D|Dv), acc dtype.
 
     `saved` = (q_acc, out_acc, lse, dout_acc, dlse), each over this rank's local rows.
@@ -301,13 +301,17 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece],
     they hold the acc dtype, the gradient of each (key piece, head group) is written over its
     own rows as soon as it is complete, and (k_buf, v_buf) are returned as (dk, dv) — no second
     block-sized buffer.
+    kv_heads, into: a block that runs as whole kernel calls (`in_parts`) in parts, as
+    `kernel_block.backward` takes them.
     """
     block = kernel_block.spans(c, saved[0], k_buf, v_buf, k_pieces)
     if block is not None:
         return kernel_block.backward(
             c, saved, dq_acc, k_buf, v_buf, block,
             reuse and k_buf.dtype == c.acc and v_buf.dtype == c.acc,
-            lambda rows, keys: head_groups(c, saved[0], k_buf.shape[1], keys, rows))
+            lambda rows, keys: head_groups(c, saved[0], k_buf.shape[1], keys, rows),
+            kv_heads, into)
+    assert kv_heads is None and into is None, "a block in parts runs as whole kernel calls"
     if reuse and k_buf.dtype == c.acc and v_buf.dtype == c.acc:
         for kp in k_pieces:
             _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(k_buf, kp), _rows(v_buf, kp),
@@ -318,6 +322,17 @@ def backward_block(c: Call, saved, dq_acc, k_buf, v_buf, k_pieces: list[Piece],
     for kp in k_pieces:
         _piece_grads(c, saved, dq_acc, k_buf, v_buf, kp, _rows(dk, kp), _rows(dv, kp))
     return dk, dv
+
+
+def in_parts(c: Call, saved, k_buf, v_buf, k_pieces: list[Piece]) -> list[slice | None]:
+    """The key/value heads of this block's backward in two parts (the ring computes its own
+    block's around the last received one, so that the gradients it returns travel while the
+    second part computes) when it runs as whole kernel calls over two or more heads; else
+    [None] (all at once)."""
+    Hkv = k_buf.shape[1]
+    if Hkv < 2 or kernel_block.spans(c, saved[0], k_buf, v_buf, k_pieces) is None:
+        return [None]
+    return [slice(0, Hkv // 2), slice(Hkv // 2, Hkv)]
 
 
 def _piece_grads(c: Call, saved, dq_acc, k_buf, v_buf, kp: Piece, dk_to, dv_to,

@@ -168,14 +168,18 @@ def forward(c, state, q_acc: torch.Tensor, k_buf, v_buf, block: list[Span]) -> N
         merge_into(state.out[:, :, s.r0:s.r1], state.lse[:, :, s.r0:s.r1], o, lse)
 
 
-def backward(c, saved, dq_acc, k_buf, v_buf, block: list[Span], overwrite: bool, head_groups):
+def backward(c, saved, dq_acc, k_buf, v_buf, block: list[Span], overwrite: bool, head_groups,
+             kv_heads: slice | None = None, into=None):
     """Add every span's dq into dq_acc; return the block's (dk, dv) (B, Hkv, rows, D|Dv) in
     the acc dtype, zeros where no row attends. overwrite: (k_buf, v_buf) are in the acc dtype and
     dead after this; they may be written over with the gradients, each part once it is read.
     head_groups(rows, keys): the (query heads, key/value heads) slices each span runs one after
     another (`attend.head_groups`); a span that runs head by head (a large one) goes in tiles of
     one layout chunk of rows and keys, so that a call's transients (its dq, dk, dv, the Kᵀ and
-    Vᵀ it makes) are one head's over one chunk, as those of a (query piece, key piece) pair."""
+    Vᵀ it makes) are one head's over one chunk, as those of a (query piece, key piece) pair.
+    kv_heads: only these key/value heads (and their query heads); into: (dk, dv) to add them
+    to (a block's backward in parts, with whatever else arrived meanwhile), else written into
+    zeros (or over the block, `overwrite`)."""
     q_acc, out, lse, dout, dlse = saved
     if dlse is not None and not bool(dlse.any()):
         dlse = None
@@ -189,19 +193,25 @@ def backward(c, saved, dq_acc, k_buf, v_buf, block: list[Span], overwrite: bool,
         dq_acc[:, hq, r].add_(dq_b)
         return dk_b, dv_b
 
-    m = k_buf.shape[2]
-    if len(block) == 1 and (block[0].a, block[0].b) == (0, m):
-        groups = head_groups(block[0].r1 - block[0].r0, m)
+    def groups_of(s: Span):
+        groups = head_groups(s.r1 - s.r0, s.b - s.a)
+        return groups if kv_heads is None else _only(groups, kv_heads, q_acc.shape[1] // Hkv)
+
+    m, Hkv = k_buf.shape[2], k_buf.shape[1]
+    if len(block) == 1 and (block[0].a, block[0].b) == (0, m) and kv_heads is None:
+        groups = groups_of(block[0])
         if len(groups) == 1:  # one call over every row: its results are the block's
             return grads(block[0], *groups[0], k_buf.to(c.acc), v_buf.to(c.acc))
-    if overwrite:
+    if into is not None:
+        (dk_to, dv_to), overwrite = into, False
+    elif overwrite:
         dk_to, dv_to = k_buf, v_buf
     else:
         dk_to = kernels.zeros(*k_buf.shape, dtype=c.acc, device=k_buf.device)
         dv_to = kernels.zeros(*v_buf.shape, dtype=c.acc, device=v_buf.device)
     done, tile = 0, max(c.geom.q.chunk, c.geom.k.chunk)
     for whole in block:
-        groups = head_groups(whole.r1 - whole.r0, whole.b - whole.a)
+        groups = groups_of(whole)
         split = tiles(whole, tile) if len(groups) > 1 else [(whole.a, whole.b, [whole])]
         for a, b, parts in split:
             if a > done and overwrite:
@@ -221,6 +231,9 @@ def backward(c, saved, dq_acc, k_buf, v_buf, block: list[Span], overwrite: bool,
                 if dk is None and overwrite:
                     dk_to[:, hk, a:b].zero_()
                     dv_to[:, hk, a:b].zero_()
+                elif dk is not None and into is not None:  # onto what is there already
+                    dk_to[:, hk, a:b].add_(dk)
+                    dv_to[:, hk, a:b].add_(dv)
                 elif dk is not None:  # k, v are read; now their rows may take the gradients
                     dk_to[:, hk, a:b].copy_(dk)
                     dv_to[:, hk, a:b].copy_(dv)
@@ -228,3 +241,15 @@ def backward(c, saved, dq_acc, k_buf, v_buf, block: list[Span], overwrite: bool,
         dk_to[:, :, done:].zero_()
         dv_to[:, :, done:].zero_()
     return dk_to, dv_to
+
+
+def _only(groups, kv: slice, G: int):
+    """`head_groups`' (query heads, key/value heads) slices cut to the key/value heads kv (and
+    their G query heads each)."""
+    out = []
+    for hq, hk in groups:
+        if hk == slice(None):
+            out.append((slice(kv.start * G, kv.stop * G), kv))
+        elif kv.start <= hk.start < kv.stop:
+            out.append((hq, hk))
+    return out

@@ -112,8 +112,11 @@ def _forward(ctx, q, k, v, c: Call):
 def _backward(ctx, c: Call, q, k, v, saved, dq):
     steps = _steps(c)
     nxt = _fetch(c, steps[0], k, v, "backward") if steps else None
-    # (B, Hkv, S_local, D|Dv) in the accumulation dtype: this rank's own keys' gradients
-    dk, dv = attend.backward_block(c, saved, dq, k, v, c.geom.k.pieces(c.rank))
+    own = c.geom.k.pieces(c.rank)
+    # this rank's own keys' gradients (B, Hkv, S_local, D|Dv), acc dtype: in two parts of the
+    # heads when it can, the second computed while the last step's partials travel back
+    parts = attend.in_parts(c, saved, k, v, own) if steps else [None]
+    dk, dv = attend.backward_block(c, saved, dq, k, v, own, kv_heads=parts[0])
     pending = None
     for i, t in enumerate(steps):
         ex, kb, vb, pieces = nxt
@@ -127,6 +130,8 @@ def _backward(ctx, c: Call, q, k, v, saved, dq):
         if pending is not None:
             _absorb(pending, dk, dv)
         pending = _return(c, t, dk_b, dv_b, dk, dv)  # travels while step t + 1 computes
+    if len(parts) > 1:  # ... or while the own block's second part computes
+        attend.backward_block(c, saved, dq, k, v, own, kv_heads=parts[1], into=(dk, dv))
     if pending is not None:
         _absorb(pending, dk, dv)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
