@@ -9,6 +9,7 @@ of time waiting on communication, and peak memory per rank.
     .venv/bin/python benchmarks/distributed.py --auto --L 8192 --world 2   # does auto pick well?
     .venv/bin/python benchmarks/distributed.py --memory --L 32768 --heads 4 --world 2
     .venv/bin/python benchmarks/distributed.py --planning   # plan at 1M / 64 ranks, cached calls
+    .venv/bin/python benchmarks/distributed.py --paired --strategies ring   # taking turns
 
 Each (P, strategy) runs in fresh processes, so the peak resident memory each rank adds while it
 runs one forward + backward (ru_maxrss after the inputs exist, minus before) is comparable with
@@ -175,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--planning", action="store_true", help="the planning table instead: "
                     "plan at L = 1M, P = 64 and what a call spends planning, first and cached "
                     "(benchmarks/distributed_planning.py; median of at least 5)")
+    ap.add_argument("--paired", action="store_true", help="the paired table instead: one "
+                    "process and each strategy take turns in one group, the ratio per pair "
+                    "(benchmarks/distributed_paired.py)")
     a = ap.parse_args(argv)
     if a.planning:
         from distributed_planning import planning_table
@@ -197,7 +201,12 @@ def main(argv=None) -> int:
     for mask in a.mask:
         cfg = Config(a.L, a.heads, a.kv_heads or a.heads, a.head_dim, a.dtype, mask, a.layout,
                      a.repeats)
-        table(cfg, a.world, a.strategies)
+        if a.paired:
+            from distributed_paired import paired_table
+
+            paired_table(cfg, a.world, a.strategies)
+        else:
+            table(cfg, a.world, a.strategies)
     return 0
 
 
