@@ -11,8 +11,10 @@ document mask talks only to the ranks that share a document.
 
 Backward: the same transfers again (nothing of size S is kept between the passes); each rank
 computes the dK/dV partials (fp32, fp64 for fp64 inputs) of the rows it received and sends them
-straight back to their owner, which adds them to its own; dQ stays local. The forward's out and
-lse are reused; nothing of size L×S is kept.
+straight back to their owner, which adds them to its own; dQ stays local. A rank's own block
+runs in two parts of the key/value heads where it can (`attend.in_parts`): the first while the
+first block travels, the second while the last partials travel back. The forward's out and lse
+are reused; nothing of size L×S is kept.
 """
 
 from __future__ import annotations
