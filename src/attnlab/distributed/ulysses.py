@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.distributed import comm, keyed
-from attnlab.distributed.attend import SCORE_BUDGET, Call
+from attnlab.distributed.attend import Call
 from attnlab.distributed.blocks import dropout_backward, dropout_forward
 from attnlab.distributed.headrule import ulysses_kv_heads
+from attnlab.distributed.pairs import SCORE_BUDGET
 
 
 class _SeqToHeads(torch.autograd.Function):
