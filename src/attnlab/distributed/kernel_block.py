@@ -66,20 +66,29 @@ def _find(c, q_acc, k_buf, v_buf, k_pieces) -> list[Span] | None:
             and q_acc.dtype == torch.float32
             and (g.mask is None or g.intervals is not None) and kernels.available()):
         return None
-    runs = _runs(k_pieces)
-    if runs is None:
+    block = _spans_of(c, q_acc.shape[2], k_buf, k_pieces)
+    if block is None or not (nonfinite.all_finite(k_buf) and nonfinite.all_finite(v_buf)
+                             and _queries_finite(c, q_acc)):
         return None
-    if not (nonfinite.all_finite(k_buf) and nonfinite.all_finite(v_buf)):
-        return None
-    if not _queries_finite(c, q_acc):
-        return None
-    glo, ghi = _row_bounds(c, q_acc.shape[2])  # int64 (Bm, Hm, n): global key bounds per row
-    out = []
-    for a, b, pos in runs:
-        s = _span(a, b, 0, torch.searchsorted(pos, glo), torch.searchsorted(pos, ghi))
-        if s is not None:
-            out.append(s)
-    return out
+    return block
+
+
+def _spans_of(c, n: int, k_buf, k_pieces: list[Piece]) -> list[Span] | None:
+    """The spans of a block from the geometry alone (None: its pieces do not tile its rows in
+    order); found once per geometry, rank and block."""
+    key = ("kernel_block.spans", c.rank, n, block_key(k_buf, k_pieces))
+    if key not in c.geom._cache:
+        runs = _runs(k_pieces)
+        out = None
+        if runs is not None:
+            glo, ghi = _row_bounds(c, n)  # int64 (Bm, Hm, n): global key bounds per row
+            out = []
+            for a, b, pos in runs:
+                s = _span(a, b, 0, torch.searchsorted(pos, glo), torch.searchsorted(pos, ghi))
+                if s is not None:
+                    out.append(s)
+        c.geom._cache[key] = out
+    return c.geom._cache[key]
 
 
 def _span(a: int, b: int, r0: int, lo: torch.Tensor, hi: torch.Tensor) -> Span | None:
