@@ -152,7 +152,7 @@ def _log_pairs(c: Call, k_buf, k_pieces: list[Piece], q_acc) -> None:
     and block: they follow from those alone)."""
     if not comm.recording():
         return
-    key = ("logged pairs", c.rank, c.dropout_p > 0, kernel_block.block_key(k_buf, k_pieces))
+    key = ("logged pairs", c.rank, kernel_block.block_key(k_buf, k_pieces))  # no dropout here
     pairs = c.geom._cache.get(key)
     if pairs is None:
         with comm.record() as log:  # every active record sees them too
