@@ -197,8 +197,9 @@ def test_row_views_of_every_head_are_read_in_place(isa, D, Dv):
 
 @pytest.mark.parametrize("isa", isa_params())
 def test_a_gradient_of_any_strides_is_read_in_place(isa):
-    """dout expanded from one value (the gradient of out.sum()), per row, or transposed gives
-    exactly the gradients of its contiguous copy."""
+    """dout expanded from one value (the gradient of out.sum()), per row, over rows (read in
+    place with row stride 0), or transposed gives exactly the gradients of its contiguous copy;
+    L = 70 leaves a last panel of 6 rows, which is packed."""
     B, H, Hkv, L, S, D = 1, 4, 2, 70, 90, 32
     q, k, v = torch.randn(B, H, L, D), torch.randn(B, Hkv, S, D), torch.randn(B, Hkv, S, D)
     lo, hi = intervals("window_br", B, L, S)
@@ -206,6 +207,7 @@ def test_a_gradient_of_any_strides_is_read_in_place(isa):
     out, lse = kernels.interval_forward(q, k, v, lo, hi, **kw)
     for dout in (torch.tensor(1.0).expand(B, H, L, D),
                  torch.randn(B, H, L, 1).expand(-1, -1, -1, D),
+                 torch.randn(B, H, 1, D).expand(-1, -1, L, -1),
                  torch.randn(B, D, H, L).permute(0, 2, 3, 1)):
         got = kernels.interval_backward(q, k, v, lo, hi, out, lse, dout, **kw)
         want = kernels.interval_backward(q, k, v, lo, hi, out, lse, dout.contiguous(), **kw)

@@ -10,13 +10,18 @@ namespace attnlab_k {
 
 namespace {
 
-struct Rows {  // one query panel's packed inputs and per-row data
+struct Rows {  // one query panel's inputs and per-row data
   int i0, nr, ng;
+  const float* Q;   // (ng·RQ, ldq) queries: read in place, or packed into scratch
+  const float* dO;  // (ng·RQ, ldo) output gradients, likewise
+  int64_t ldq, ldo;
   int rlo[BQ], rhi[BQ], glo[BQ / RQ], ghi[BQ / RQ];
   float lse[BQ], delta[BQ];
 };
 
-// pack q (ld ldq) and dO (ld ldv) of panel p of head (b, h); zero rows past L
+// q (ld ldq) and dO (ld ldv) of panel p of head (b, h): whole groups of rows whose layout is
+// already that are read in place (the common case: D and Dv multiples of PAD, dO's rows
+// contiguous); others are packed into Qs and dOs, zeros past L and past D, Dv
 void load_rows(const Problem& pr, const float* lse, const float* delta, int b, int h, int p,
                int ldq, float* Qs, float* dOs, Rows& rw) {
   const int L = pr.L, D = pr.D, Dv = pr.Dv;
@@ -26,11 +31,27 @@ void load_rows(const Problem& pr, const float* lse, const float* delta, int b, i
   rw.ng = (rw.nr + RQ - 1) / RQ;
   const float* q = pr.q_rows(b, h) + (int64_t)rw.i0 * D;
   const float* go = pr.dout_rows(b, h) + rw.i0 * pr.g_sl;
-  for (int r = 0; r < rw.ng * RQ; ++r) {
-    const bool in = r < rw.nr;
-    for (int d = 0; d < ldq; ++d) Qs[r * ldq + d] = in && d < D ? q[r * D + d] : 0.0f;
-    for (int d = 0; d < pr.ldv; ++d)
-      dOs[r * pr.ldv + d] = in && d < Dv ? go[r * pr.g_sl + d * pr.g_sd] : 0.0f;
+  const bool whole = rw.nr % RQ == 0;
+  rw.Q = q;
+  rw.ldq = D;
+  if (!whole || ldq != D) {
+    for (int r = 0; r < rw.ng * RQ; ++r) {
+      const bool in = r < rw.nr;
+      for (int d = 0; d < ldq; ++d) Qs[r * ldq + d] = in && d < D ? q[r * D + d] : 0.0f;
+    }
+    rw.Q = Qs;
+    rw.ldq = ldq;
+  }
+  rw.dO = go;
+  rw.ldo = pr.g_sl;
+  if (!whole || pr.g_sd != 1 || Dv != pr.ldv) {
+    for (int r = 0; r < rw.ng * RQ; ++r) {
+      const bool in = r < rw.nr;
+      for (int d = 0; d < pr.ldv; ++d)
+        dOs[r * pr.ldv + d] = in && d < Dv ? go[r * pr.g_sl + d * pr.g_sd] : 0.0f;
+    }
+    rw.dO = dOs;
+    rw.ldo = pr.ldv;
   }
   const int32_t* lo = pr.lo + b * (pr.Bl > 1 ? pr.lo_sb : 0) + h * (pr.Hl > 1 ? pr.lo_sh : 0) + rw.i0;
   const int32_t* hi = pr.hi + (lo - pr.lo);
@@ -123,8 +144,8 @@ void dq_item(const Problem& pr, const Panels& pn, const float* lse, const float*
       const int ga = std::max(j0, rw.glo[g]), gb = std::min(j0 + BK, rw.ghi[g]);
       if (ga >= gb) continue;
       const int va = (ga - j0) / W, vb = (gb - j0 + W - 1) / W, r0 = g * RQ;
-      dot_rows(Qs + r0 * D, D, kt, D, j0, Sb, BK, va, vb);            // S
-      dot_rows(dOs + r0 * ldv, ldv, vt, pr.Dv, j0, dPb, BK, va, vb);  // dP = dO Vᵀ
+      dot_rows(rw.Q + r0 * rw.ldq, rw.ldq, kt, D, j0, Sb, BK, va, vb);        // S
+      dot_rows(rw.dO + r0 * rw.ldo, rw.ldo, vt, pr.Dv, j0, dPb, BK, va, vb);  // dP = dO Vᵀ
       grad_step(pr, rw, Sb, dPb, BK, j0, va, vb, ga, gb, r0, slope);
       // dQ += dS[:, ga:gb] @ K[ga:gb]   (RQ, keys) @ (keys, D) -> (RQ, D)
       outer_rows(dQ + r0 * ldk, ldk, nullptr, dPb + (ga - j0), BK, 1, k + (int64_t)ga * ldk, ldk,
@@ -172,8 +193,8 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
         const int ga = std::max(kp0, rw.glo[g]), gb = std::min(kp1, rw.ghi[g]);
         if (ga >= gb) continue;
         const int va = (ga - kp0) / W, vb = (gb - kp0 + W - 1) / W;
-        dot_rows(Qs + r0 * ldk, ldk, kt, D, kp0, Pb + r0 * KP, KP, va, vb);     // S
-        dot_rows(dOs + r0 * ldv, ldv, vt, Dv, kp0, dSb + r0 * KP, KP, va, vb);  // dP
+        dot_rows(rw.Q + r0 * rw.ldq, rw.ldq, kt, D, kp0, Pb + r0 * KP, KP, va, vb);     // S
+        dot_rows(rw.dO + r0 * rw.ldo, rw.ldo, vt, Dv, kp0, dSb + r0 * KP, KP, va, vb);  // dP
         grad_step(pr, rw, Pb + r0 * KP, dSb + r0 * KP, KP, kp0, va, vb, ga, gb, r0, slope);
         if (dqacc) {
           // dQ[rows] += dS[:, ga:gb] @ K[ga:gb]   (RQ, keys) @ (keys, D) -> (RQ, D)
@@ -197,11 +218,11 @@ void dkdv_item(const Problem& pr, const Panels& pn, const float* lse, const floa
         if (g0 >= g1) continue;
         const int t0 = g0 * RQ, T = (g1 - g0) * RQ;
         // dV[m..] += P[:, m..]ᵀ @ dO   (keys, rows) @ (rows, Dv) -> (keys, Dv)
-        outer_rows(dV + m * ldv, ldv, nullptr, Pb + t0 * KP + m, 1, KP, dOs + t0 * ldv, ldv, T,
-                   ldv);
+        outer_rows(dV + m * ldv, ldv, nullptr, Pb + t0 * KP + m, 1, KP, rw.dO + t0 * rw.ldo,
+                   rw.ldo, T, ldv);
         // dK[m..] += dS[:, m..]ᵀ @ Q   (keys, rows) @ (rows, D) -> (keys, D); · scale at the end
-        outer_rows(dK + m * ldk, ldk, nullptr, dSb + t0 * KP + m, 1, KP, Qs + t0 * ldk, ldk, T,
-                   ldk);
+        outer_rows(dK + m * ldk, ldk, nullptr, dSb + t0 * KP + m, 1, KP, rw.Q + t0 * rw.ldq,
+                   rw.ldq, T, ldk);
       }
     }
   }
