@@ -9,7 +9,15 @@
 
 namespace attnlab_k {
 
-constexpr int RQ = 4;    // query rows of one register block (a "group")
+// query rows of one register block (a "group"). With AVX-512's 32 registers a group of 8 rows
+// shares each loaded vector of Kᵀ among 8 rows: half the key traffic from L2 per multiply-add of
+// a group of 4, which is what limits a group's scores when its keys do not fit in L1 (a 4-row
+// group: 4 loads per 16 FMAs). AVX2's 16 registers hold 4 rows of 2 vectors.
+#if defined(ATTNLAB_AVX512)
+constexpr int RQ = 8;
+#else
+constexpr int RQ = 4;
+#endif
 constexpr int BQ = 64;   // query rows of one forward / dQ work item (a "panel"): 16 groups
 constexpr int BK = 512;  // key columns of one forward / dQ step
 constexpr int KP = 64;   // keys of one dK/dV work item

@@ -9,8 +9,9 @@
 namespace attnlab_k {
 
 // key vectors per dot tile and value vectors per outer tile: RQ·N accumulators in registers
-constexpr int NVK = W == 8 ? 2 : 4;
-constexpr int NVO = W == 8 ? 2 : 4;
+// (AVX-512: 8·3 and 8·2 of 32; AVX2: 4·2 of 16; scalar: 4·4)
+constexpr int NVK = W == 16 ? 3 : W == 8 ? 2 : 4;
+constexpr int NVO = W == 16 ? 2 : W == 8 ? 2 : 4;
 
 // Kᵀ (and Vᵀ) are stored in chunks of PAD keys: (S16 / PAD, D, PAD), so the PAD keys of one
 // dimension are contiguous and a tile's loads walk forward through memory (few pages, prefetch)
