@@ -66,20 +66,26 @@ static void softmax_step(const Problem& pr, const RowMods& md0, float* Sb, int j
     }
     RowMods md = md0;
     md.rel0 = pr.pos_off - (i0 + r);
-    vf mx = vset(NEG_INF);
     const bool plain = md.plain();  // products kept; the max of the scores is scale · theirs
-    for (int v = va; v < vb; ++v) {
+    // four running maxima and sums: one chain would wait on each vmax / vadd's latency
+    vf mx4[4] = {vset(NEG_INF), vset(NEG_INF), vset(NEG_INF), vset(NEG_INF)};
+    auto see = [&](int v, vf& mx) {
       const int jv = j0 + v * W;
       const bool edge = jv < lo || jv + W > hi;  // only the row's edge vectors are masked
       if (plain && !edge) {
         mx = vmax(mx, vload(s + v * W));
-        continue;
+        return;
       }
       vf x = plain ? vload(s + v * W) : modify(vload(s + v * W), md, jv, nullptr);
       if (edge) x = vmask(x, jv, lo, hi);
       vstore(s + v * W, x);
       mx = vmax(mx, x);
-    }
+    };
+    int v = va;
+    for (; v + 4 <= vb; v += 4)
+      for (int u = 0; u < 4; ++u) see(v + u, mx4[u]);
+    for (; v < vb; ++v) see(v, mx4[0]);
+    const vf mx = vmax(vmax(mx4[0], mx4[1]), vmax(mx4[2], mx4[3]));
     const float top = plain ? hmax(mx) * md.scale : hmax(mx);
     const float mo = m[r], mn = std::max(mo, top);
     if (mn == NEG_INF) {  // every score -inf (infinite inputs): nothing to add
@@ -88,12 +94,16 @@ static void softmax_step(const Problem& pr, const RowMods& md0, float* Sb, int j
     }
     const float a = mo == NEG_INF ? 0.0f : std::exp(mo - mn);
     const vf shift = vset(mn), nshift = vset(-mn), sc = vset(md.scale);
-    vf sum = vzero();
-    for (int v = va; v < vb; ++v) {
+    vf sum4[4] = {vzero(), vzero(), vzero(), vzero()};
+    auto take = [&](int v, vf& sum) {
       vf p = vexp(plain ? vfma(vload(s + v * W), sc, nshift) : vsub(vload(s + v * W), shift));
       vstore(s + v * W, p);
       sum = vadd(sum, p);
-    }
+    };
+    for (v = va; v + 4 <= vb; v += 4)
+      for (int u = 0; u < 4; ++u) take(v + u, sum4[u]);
+    for (; v < vb; ++v) take(v, sum4[0]);
+    const vf sum = vadd(vadd(sum4[0], sum4[1]), vadd(sum4[2], sum4[3]));
     l[r] = l[r] * a + hsum(sum);
     m[r] = mn;
     alpha[rr] = a;
