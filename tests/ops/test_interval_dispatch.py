@@ -80,9 +80,11 @@ def test_off_switch_restores_the_old_choice(monkeypatch):
 
 
 def test_forced_tiled_runs_the_kernel(monkeypatch):
+    from attnlab.ops.kernels import kernel
+
     calls = []
-    real = kernels.interval_attention
-    monkeypatch.setattr(kernels, "interval_attention",
+    real = kernel.IntervalAttention.apply
+    monkeypatch.setattr(kernel.IntervalAttention, "apply",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = qkv(1, 2, 2, 50, 50, 8)
     attnlab.attention(q, k, v, mask=masks.sliding_window(5), backend="tiled")
@@ -145,7 +147,8 @@ def test_choice_runs_the_kernel_once(monkeypatch):
     ran = []
     for b, runner in list(dispatch.RUNNERS.items()):
         monkeypatch.setitem(dispatch.RUNNERS, b,
-                            lambda p, lse, b=b, runner=runner: ran.append(b) or runner(p, lse))
+                            lambda p, lse, b=b, runner=runner, **kw: ran.append(b) or runner(
+                                p, lse, **kw))
     q, k, v = qkv(1, 2, 2, 40, 40, 8)
     attnlab.attention(q, k, v, mask=masks.sliding_window(4))
     assert ran == ["tiled"]
@@ -171,3 +174,67 @@ def test_weights_from_the_kernels_lse_sum_to_one(monkeypatch, isa):
     monkeypatch.setenv("ATTNLAB_KERNEL", "0")
     want = off()
     assert got <= 2 * want + 1e-7, f"row sums off by {got:.2e}, PyTorch path {want:.2e}"
+
+
+def _spy(monkeypatch):
+    """Counts of kernel runs and of separate NaN/Inf passes over whole inputs."""
+    from attnlab.ops import nonfinite
+    from attnlab.ops.kernels import kernel
+
+    n = {"runs": 0, "checks": 0}
+    apply, check = kernel.IntervalAttention.apply, nonfinite.all_finite
+
+    def counted_apply(*a, **kw):
+        n["runs"] += 1
+        return apply(*a, **kw)
+
+    def counted_check(x):
+        n["checks"] += 1
+        return check(x)
+
+    monkeypatch.setattr(kernel.IntervalAttention, "apply", counted_apply)
+    monkeypatch.setattr(nonfinite, "all_finite", counted_check)
+    return n
+
+
+@pytest.mark.parametrize("backend", ["auto", "tiled"])
+def test_the_kernel_checks_its_inputs_as_it_reads_them(monkeypatch, backend):
+    """Finite inputs: one kernel run and no separate pass over q, k or v."""
+    n = _spy(monkeypatch)
+    q, k, v = qkv(1, 2, 2, 90, 90, 16)
+    attnlab.attention(q, k, v, mask=masks.sliding_window(7), backend=backend)
+    assert n == {"runs": 1, "checks": 0}
+
+
+@pytest.mark.parametrize("where, row", [("key", 40), ("key", 80), ("value", 40), ("query", 40)])
+def test_poison_the_kernel_reads_is_cleaned_and_computed_again(monkeypatch, where, row):
+    """A NaN the kernel reads (a key anywhere, a value or query row it reads) sends the call to
+    the cleaning path: a second run whose result keeps the poison local (nonfinite.py)."""
+    n = _spy(monkeypatch)
+    q, k, v = qkv(1, 2, 2, 90, 90, 16)
+    m = masks.sliding_window(7) & masks.padding(key_lengths=[75])  # keys 75.. read by no row
+    {"key": k, "value": v, "query": q}[where][0, 0, row, 3] = float("nan")
+    out = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    assert n["runs"] == 2 and n["checks"] > 0
+    want = attnlab.attention(q, k, v, mask=m, backend="math")
+    assert torch.equal(out.isnan(), want.isnan())
+    assert_close(out.nan_to_num(), want.nan_to_num(), atol=1e-5)
+
+
+def test_a_value_no_row_reads_needs_no_check_and_leaves_gradients_finite(monkeypatch):
+    """A NaN value in a key vector's lanes past every row's keys (keys 35..39 of a padded call,
+    sharing a vector with keys 32..34) is not read by the forward: one run, and the backward's
+    dS there is exactly 0 (not 0·NaN), so every gradient equals the one with the value zeroed."""
+    n = _spy(monkeypatch)
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 2, 40, 40, 16))
+    with torch.no_grad():
+        v[0, :, 37] = float("nan")
+    m = masks.padding(key_lengths=[35])
+    out = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    assert n["runs"] == 1 and bool(torch.isfinite(out).all())
+    out.square().sum().backward()
+    fq, fk, fv = (t.detach().nan_to_num().requires_grad_() for t in (q, k, v))
+    attnlab.attention(fq, fk, fv, mask=m, backend="math").square().sum().backward()
+    for name, g, w in (("dq", q.grad, fq.grad), ("dk", k.grad, fk.grad), ("dv", v.grad, fv.grad)):
+        assert bool(torch.isfinite(g).all()), name
+        assert_close(g, w, atol=1e-5, what=name)

@@ -15,7 +15,9 @@ the rows that may attend them are set to NaN after it.
 Cost: one reduction over query, key and value per call (more passes only when poison is
 present). Calls without any mask skip the key/value part: every row attends every key there, so
 nothing can spread (`clean(..., always=True)` cleans them anyway: a context-parallel block that
-is one piece of a masked call).
+is one piece of a masked call). The interval kernel needs no such pass: it checks every key as
+it transposes them and each query and value row as it reads them (`dispatch.run`); only when it
+finds NaN/Inf are the inputs cleaned here and the call made again.
 """
 
 from __future__ import annotations

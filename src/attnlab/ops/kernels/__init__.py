@@ -25,7 +25,8 @@ Supported: float32, float16 and bfloat16 inputs (converted to float32 at the gat
 float32; out in q's dtype, lse float32); CPU tensors of any strides: read in place when each
 head's rows are contiguous (any batch and head strides), else copied at the gate.
 Caution: float64 is not supported (attnlab's other paths compute it in float64); keys and values
-at positions no row attends must be finite (`attnlab.attention` cleans them before calling).
+at positions no row attends must be finite (`attnlab.attention` has the kernel check every key
+and each query and value row it reads as it reads them, and cleans them when one is not).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def interval_forward(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0
 
     c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
                    k_pos0=k_pos0)
-    out, lse, _ = kernel._fwd(c, q, k, v, isa)
+    out, lse, _, _ = kernel._fwd(c, q, k, v, isa)
     return out, lse
 
 

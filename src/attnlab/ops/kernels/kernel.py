@@ -32,16 +32,26 @@ def _bwd_mode() -> int:
     return BWD_MODES[mode]
 
 
-def _fwd(c: Call, q, k, v, isa=None):
-    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)) and the prepared (q, kᵀ, v)."""
+def _fwd(c: Call, q, k, v, isa=None, check=False):
+    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)), the prepared (q, kᵀ, v), and
+    whether what the call read is finite: every key, and every query and value row a panel with
+    work read (check=False: None, nothing checked). A NaN/Inf key stops the call before the
+    forward (out and lse None)."""
     if c.empty:
         out = q.new_zeros(c.B, c.H, c.L, c.Dv)
-        return out, q.new_full((c.B, c.H, c.L), float("-inf"), dtype=torch.float32), None
+        return out, q.new_full((c.B, c.H, c.L), float("-inf"), dtype=torch.float32), None, True
     ops = _ops(isa)
-    qf, kt, vp = gate.rows(q), ops.keys_last(gate.rows(k)), gate.rows_padded(v)
-    out, lse = ops.fwd(qf, kt, vp, c.lo, c.hi, c.slopes, c.scale, c.softcap, c.pos_off,
-                             c.Dv)
-    return out.to(q.dtype), lse, (qf, kt, vp)
+    qf, vp = gate.rows(q), gate.rows_padded(v)
+    finite = None
+    if check:  # the keys' check rides on their transpose, the rows' on the forward's reads
+        kt, finite = ops.keys_last_checked(gate.rows(k))
+        if not finite:
+            return None, None, None, False
+    else:
+        kt = ops.keys_last(gate.rows(k))
+    out, lse, rows_finite = ops.fwd(qf, kt, vp, c.lo, c.hi, c.slopes, c.scale, c.softcap,
+                                    c.pos_off, c.Dv, check)
+    return out.to(q.dtype), lse, (qf, kt, vp), rows_finite if check else None
 
 
 def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
@@ -84,9 +94,18 @@ def _weights(c: Call, q, k, lse, idx, isa=None):
 
 
 class IntervalAttention(torch.autograd.Function):
+    """report (a list, or None): the forward checks what it reads and appends whether all of it
+    was finite; when not, out and lse are not to be used (the caller cleans the inputs)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, c: Call, isa):
-        out, lse, prepared = _fwd(c, q, k, v, isa)
+    def forward(ctx, q, k, v, c: Call, isa, report=None):
+        out, lse, prepared, finite = _fwd(c, q, k, v, isa, check=report is not None)
+        if report is not None:
+            report.append(finite)
+            if not finite:  # nothing to keep: the call is made again on cleaned inputs
+                out, lse = q.new_zeros(()), q.new_zeros(())
+                ctx.mark_non_differentiable(out, lse)
+                return out, lse
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.c, ctx.isa, ctx.prepared = c, isa, prepared
         ctx.set_materialize_grads(False)
@@ -98,4 +117,4 @@ class IntervalAttention(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = _bwd(ctx.c, q, k, v, out, lse, dout, dlse, ctx.prepared, ctx.isa)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None

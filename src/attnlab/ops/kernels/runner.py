@@ -68,14 +68,21 @@ def _rows(x: torch.Tensor, batch: tuple[int, ...], B: int) -> torch.Tensor:
     return x.expand(*batch, *x.shape[1:]).reshape(B, *x.shape[1:])  # (..., Hm, L) -> (B, Hm, L)
 
 
-def forward(p: Problem, need_lse: bool = True):
-    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32), differentiable."""
-    from attnlab.ops import kernels
+def forward(p: Problem, need_lse: bool = True, verify: bool = False):
+    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32), differentiable.
+
+    verify: the kernel checks the inputs as it reads them (every key, the query and value rows
+    it reads) and the result is None when one holds NaN/Inf: the caller then cleans them
+    (`ops/nonfinite.py`) and calls again. What no row reads needs no check."""
+    from attnlab.ops.kernels import kernel
 
     d = p.dims
     q, k, v, lo, hi = _flat(p)
-    out, lse = kernels.interval_attention(q, k, v, lo, hi, scale=p.scale, softcap=p.softcap,
-                                          alibi=p.alibi_slopes)
+    c = gate.check(q, k, v, lo, hi, scale=p.scale, softcap=p.softcap, alibi=p.alibi_slopes)
+    report = [] if verify else None
+    out, lse = kernel.IntervalAttention.apply(q, k, v, c, None, report)
+    if verify and not report[0]:
+        return None
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
     return out.reshape(*rows, d.Dv), lse.reshape(rows)  # (B, H, L, ·) -> (..., H, L, ·)
 

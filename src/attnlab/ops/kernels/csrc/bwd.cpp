@@ -96,10 +96,14 @@ void grad_step(const Problem& pr, const Rows& rw, float* Sb, float* dPb, int64_t
       const int jv = j0 + v * W;
       vf t = vzero();
       vf x = plain ? vload(s + v * W) : modify(vload(s + v * W), md, jv, &t);
-      if (jv < lo || jv + W > hi) x = vmask(x, jv, lo, hi);  // only the row's edge vectors
+      const bool edge = jv < lo || jv + W > hi;  // only the row's edge vectors are masked
+      if (edge) x = vmask(x, jv, lo, hi);
       vf pv = vexp(plain ? vfma(x, sc, nl) : vsub(x, l));
       vf ds = vmul(pv, vsub(vload(dp + v * W), dl));
       if (md.cap > 0) ds = vmul(ds, vsub(vset(1.0f), vmul(t, t)));  // d tanh
+      // exactly 0 outside the row's keys, whatever dP is there: a vector's lanes past the keys
+      // any row reads hold values nothing checked (0·NaN is NaN)
+      if (edge) ds = vmask(ds, jv, lo, hi, 0.0f);
       vstore(s + v * W, pv);
       vstore(dp + v * W, ds);
     }

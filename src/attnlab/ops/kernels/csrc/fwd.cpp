@@ -111,7 +111,7 @@ static void softmax_step(const Problem& pr, const RowMods& md0, float* Sb, int j
 }
 
 void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, float* lse,
-              float* scratch) {
+              float* scratch, std::atomic<bool>* bad) {
   const int P = pn.P, L = pr.L, D = pr.D, Dv = pr.Dv, ldv = pr.ldv;
   const int64_t bh = item / P;
   const int p = (int)(item % P), b = (int)(bh / pr.H), h = (int)(bh % pr.H);
@@ -132,6 +132,7 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
   float* l = m + BQ;                   // (BQ,) running sum
   float* alpha = l + BQ;               // (RQ,)
   const float* q = pr.q_rows(b, h) + (int64_t)i0 * D;
+  if (bad && !finite_span(q, (int64_t)nr * D)) bad->store(true, std::memory_order_relaxed);
   const float* Qs = q;  // whole groups are read in place
   if (nr % RQ) {
     std::copy(q, q + (int64_t)nr * D, Qp);
@@ -176,6 +177,10 @@ void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, flo
                  gb - ga, ldv);
     }
   }
+  // a NaN/Inf value row that a group read reaches its outputs (0·Inf is NaN)
+  if (bad)
+    for (int r = 0; r < nr; ++r)
+      if (!finite_span(O + r * ldv, Dv)) bad->store(true, std::memory_order_relaxed);
   for (int r = 0; r < nr; ++r) {
     float* o = o_out + r * Dv;
     if (l[r] > 0.0f) {

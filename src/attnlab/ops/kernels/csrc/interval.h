@@ -3,6 +3,7 @@
 // knows tensors. Glossary: B batch, H query heads, Hkv key/value heads, L queries, S keys,
 // D query/key head dim, Dv value head dim; query row i attends keys lo[i] <= j < hi[i].
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -66,10 +67,11 @@ struct Panels {
 Panels make_panels(const Problem& pr);
 double fma_loop(int64_t iters);  // iters rounds of independent FMAs on registers; returns flops
 
-// forward: item = (b·H + h)·P + panel; out (B, H, L, Dv), lse (B, H, L)
+// forward: item = (b·H + h)·P + panel; out (B, H, L, Dv), lse (B, H, L). bad (or null): set
+// when a query row of the panel or a value row it reads holds NaN/Inf (seen in its outputs)
 size_t fwd_scratch(const Problem& pr);
 void fwd_item(const Problem& pr, const Panels& pn, int64_t item, float* out, float* lse,
-              float* scratch);
+              float* scratch, std::atomic<bool>* bad = nullptr);
 
 // backward. lse, delta (B, H, L) contiguous; dout in the Problem.
 // dQ pass: item = (b·H + h)·P + panel; dq (B, H, L, D)

@@ -139,10 +139,13 @@ std::vector<double> query_costs(const Problem& pr, const Panels& pn) {
   return cost;
 }
 
-std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& v,
-                               const Tensor& lo, const Tensor& hi,
-                               const std::optional<Tensor>& slopes, double scale, double softcap,
-                               int64_t pos_off, int64_t Dv) {
+// check: also whether every query row of a panel with work and every value row a group read is
+// finite (false when not checked: nothing is claimed); with keys_last_checked's keys, whether
+// the call read any NaN/Inf
+std::tuple<Tensor, Tensor, bool> fwd(const Tensor& q, const Tensor& kt, const Tensor& v,
+                                     const Tensor& lo, const Tensor& hi,
+                                     const std::optional<Tensor>& slopes, double scale,
+                                     double softcap, int64_t pos_off, int64_t Dv, bool check) {
   Problem pr = make_problem(q, kt, v, lo, hi, slopes, scale, softcap, pos_off, Dv);
   Tensor out = empty_big({pr.B, pr.H, pr.L, pr.Dv}, q.options());
   Tensor lse = at::empty({pr.B, pr.H, pr.L}, q.options());
@@ -151,9 +154,11 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& kt, const Tensor& 
   float* l = lse.data_ptr<float>();
   pr.stream_out = out.numel() * 4 >= STREAM_BYTES && pr.Dv % W == 0 &&
                   reinterpret_cast<uintptr_t>(o) % 64 == 0;
-  run_items(by_cost(query_costs(pr, pn)), fwd_scratch(pr),
-            [&](int64_t item, float* buf) { fwd_item(pr, pn, item, o, l, buf); });
-  return {out, lse};
+  std::atomic<bool> bad{false};
+  run_items(by_cost(query_costs(pr, pn)), fwd_scratch(pr), [&](int64_t item, float* buf) {
+    fwd_item(pr, pn, item, o, l, buf, check ? &bad : nullptr);
+  });
+  return {out, lse, check && !bad.load()};
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const Tensor& kt,
@@ -308,7 +313,8 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
 // (tiles.h: chunked); whole chunks as blocks transposed in registers, in parallel over runs of
 // chunks.
 // (PyTorch's strided copy of the same runs ~6x slower than even a plain loop.)
-Tensor keys_last(const Tensor& x) {
+// bad (or null): set when x holds a NaN/Inf, checked as each chunk is read
+Tensor keys_last_into(const Tensor& x, std::atomic<bool>* bad) {
   expect_rows(x, "x");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
   const int64_t BH = x.size(0) * x.size(1), H = x.size(1), S = x.size(2), n = x.size(3);
@@ -329,27 +335,31 @@ Tensor keys_last(const Tensor& x) {
       float* o = dst + (bh * nc + c) * n * PAD;        // (n, PAD)
       if (c + 2 < c1)  // the chunk after next: its lines arrive while these are transposed
         for (int64_t l = 0; l < PAD * n; l += 16) __builtin_prefetch(xs + 2 * PAD * n + l);
-      key_chunk(xs, n, (int)std::min<int64_t>(PAD, S - c * PAD), o, stream);
+      const int rows = (int)std::min<int64_t>(PAD, S - c * PAD);
+      key_chunk(xs, n, rows, o, stream);
+      if (bad && !finite_span(xs, rows * n)) bad->store(true, std::memory_order_relaxed);
     }
     vfence();
   });
   return out;
 }
 
-// no NaN or Inf in x (float32, contiguous): x·0 is 0 for a finite x and NaN otherwise
+Tensor keys_last(const Tensor& x) { return keys_last_into(x, nullptr); }
+
+// (keys_last(x), no NaN/Inf in x): the check rides on the transpose's reads
+std::tuple<Tensor, bool> keys_last_checked(const Tensor& x) {
+  std::atomic<bool> bad{false};
+  Tensor kt = keys_last_into(x, &bad);
+  return {kt, !bad.load()};
+}
+
+// no NaN or Inf in x (float32, contiguous), on the kernel's work queue
 bool all_finite(const Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "all_finite: float32, contiguous");
   const float* p = x.data_ptr<float>();
   std::atomic<bool> bad{false};
   run_ranges(x.numel(), GLUE_CHUNK, [&](int64_t b, int64_t e) {
-    vf acc[4] = {vzero(), vzero(), vzero(), vzero()};  // four chains: memory speed, not add latency
-    int64_t i = b;
-    for (; i + 4 * W <= e; i += 4 * W)
-      for (int t = 0; t < 4; ++t) acc[t] = vadd(acc[t], vmul(vload(p + i + t * W), vzero()));
-    for (; i + W <= e; i += W) acc[0] = vadd(acc[0], vmul(vload(p + i), vzero()));
-    float tail = hsum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
-    for (; i < e; ++i) tail += p[i] * 0.0f;
-    if (tail != 0.0f) bad.store(true);
+    if (!finite_span(p + b, e - b)) bad.store(true);
   });
   return !bad.load();
 }
@@ -436,11 +446,12 @@ Tensor pool_zeros(at::IntArrayRef size) { return zeros_big(size, at::TensorOptio
 #define ATTNLAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("fwd(Tensor q, Tensor kt, Tensor v, Tensor lo, Tensor hi, Tensor? slopes, float scale, "
-        "float softcap, int pos_off, int Dv) -> (Tensor, Tensor)", &fwd);
+        "float softcap, int pos_off, int Dv, bool check=False) -> (Tensor, Tensor, bool)", &fwd);
   m.def("bwd(Tensor q, Tensor k, Tensor kt, Tensor v, Tensor vt, Tensor lo, Tensor hi, "
         "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
         "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
   m.def("keys_last(Tensor x) -> Tensor", &keys_last);
+  m.def("keys_last_checked(Tensor x) -> (Tensor, bool)", &keys_last_checked);
   m.def("weights(Tensor q, Tensor k, Tensor idx, Tensor? q_at, Tensor lse, Tensor lo, Tensor hi, "
         "Tensor? slopes, float scale, float softcap, int pos_off, int k0, int S_out) -> Tensor",
         &weights);

@@ -53,12 +53,12 @@ static inline __m512i viota(int j0) {
   return _mm512_add_epi32(_mm512_set1_epi32(j0),
                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
-// lanes j0 + t outside [lo, hi) -> -inf: the mask is two integer compares
-static inline vf vmask(vf s, int j0, int lo, int hi) {
+// lanes j0 + t outside [lo, hi) -> fill (-inf: a masked score): the mask is two integer compares
+static inline vf vmask(vf s, int j0, int lo, int hi, float fill = NEG_INF) {
   __m512i j = viota(j0);
   __mmask16 in = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(lo)) &
                  _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(hi));
-  return _mm512_mask_blend_ps(in, vset(NEG_INF), s);
+  return _mm512_mask_blend_ps(in, vset(fill), s);
 }
 // float(d0 + t): the ALiBi distance j - i of lane t
 static inline vf vrel(int d0) { return _mm512_cvtepi32_ps(viota(d0)); }
@@ -151,11 +151,11 @@ static inline vf vsel_lt(vf a, vf b, vf x, vf y) {
 static inline __m256i viota(int j0) {
   return _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-static inline vf vmask(vf s, int j0, int lo, int hi) {
+static inline vf vmask(vf s, int j0, int lo, int hi, float fill = NEG_INF) {
   __m256i j = viota(j0);
   __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(j, _mm256_set1_epi32(lo - 1)),
                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), j));
-  return _mm256_blendv_ps(vset(NEG_INF), s, _mm256_castsi256_ps(in));
+  return _mm256_blendv_ps(vset(fill), s, _mm256_castsi256_ps(in));
 }
 static inline vf vrel(int d0) { return _mm256_cvtepi32_ps(viota(d0)); }
 static inline void transpose8(vf r[8]) {
@@ -233,7 +233,9 @@ static inline float hsum(vf x) { return x; }
 static inline vf vabs(vf x) { return std::fabs(x); }
 static inline vf vcopysign(vf mag, vf s) { return std::copysign(mag, s); }
 static inline vf vsel_lt(vf a, vf b, vf x, vf y) { return a < b ? x : y; }
-static inline vf vmask(vf s, int j0, int lo, int hi) { return (j0 >= lo && j0 < hi) ? s : NEG_INF; }
+static inline vf vmask(vf s, int j0, int lo, int hi, float fill = NEG_INF) {
+  return (j0 >= lo && j0 < hi) ? s : fill;
+}
 static inline vf vrel(int d0) { return static_cast<float>(d0); }
 static inline void transpose_rows16(const float* x, int64_t n, float* o, bool) {
   for (int64_t d = 0; d < n; ++d)
@@ -241,6 +243,19 @@ static inline void transpose_rows16(const float* x, int64_t n, float* o, bool) {
 }
 static inline vf vexp(vf x) { return x >= EXP_FLOOR ? std::exp(x) : 0.0f; }
 #endif
+
+// no NaN or Inf among the n floats at p: x·0 is 0 for a finite x and NaN otherwise (four chains:
+// memory speed, not add latency)
+static inline bool finite_span(const float* p, int64_t n) {
+  vf acc[4] = {vzero(), vzero(), vzero(), vzero()};
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W)
+    for (int t = 0; t < 4; ++t) acc[t] = vfma(vload(p + i + t * W), vzero(), acc[t]);
+  for (; i + W <= n; i += W) acc[0] = vfma(vload(p + i), vzero(), acc[0]);
+  float tail = hsum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
+  for (; i < n; ++i) tail += p[i] * 0.0f;
+  return tail == 0.0f;
+}
 
 // tanh from the exp above: (1 - e)/(1 + e) with e = exp(-2|x|); its Taylor series near 0, where
 // 1 - e would cancel
