@@ -35,17 +35,16 @@ def _bwd_mode() -> int:
 def _fwd(c: Call, q, k, v, isa=None, check=False):
     """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)), the prepared (q, kᵀ, v), and
     whether what the call read is finite: every key, and every query and value row a panel with
-    work read (check=False: None, nothing checked). A NaN/Inf key stops the call before the
-    forward (out and lse None)."""
+    work read (check=False: None, nothing checked; an empty call reads nothing: True). A NaN/Inf
+    key stops the call before the forward (out and lse None)."""
     if c.empty:
         out = q.new_zeros(c.B, c.H, c.L, c.Dv)
         return out, q.new_full((c.B, c.H, c.L), float("-inf"), dtype=torch.float32), None, True
     ops = _ops(isa)
     qf, vp = gate.rows(q), gate.rows_padded(v)
-    finite = None
     if check:  # the keys' check rides on their transpose, the rows' on the forward's reads
-        kt, finite = ops.keys_last_checked(gate.rows(k))
-        if not finite:
+        kt, keys_finite = ops.keys_last_checked(gate.rows(k))
+        if not keys_finite:
             return None, None, None, False
     else:
         kt = ops.keys_last(gate.rows(k))
