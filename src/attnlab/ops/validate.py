@@ -22,8 +22,8 @@ def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     """Validate a call once and fold its masks together."""
     dims = check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
     if dims.ndim > 2:  # SDPA broadcasts batch dims (a key/value batch of 1 serves all): views
-        query, key = (x.expand(*dims.batch, *x.shape[-3:]) for x in (query, key))
-        value = key if value is None else value.expand(*dims.batch, *value.shape[-3:])
+        query, key = (_to_batch(x, dims.batch) for x in (query, key))
+        value = key if value is None else _to_batch(value, dims.batch)
     if attn_mask is not None:
         check_dense_mask("attn_mask", attn_mask, dims, query.device)
         if attn_mask.dim() < 2:  # (S,) or a scalar: one row broadcast over every query
@@ -38,6 +38,11 @@ def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, dims, query.device),
         score_mod=check_score_mod(score_mod, dims, query.device),
     )
+
+
+def _to_batch(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+    """x (..., h, n, m) with its batch dims expanded to `batch` (x itself when they are)."""
+    return x if x.shape[:-3] == batch else x.expand(*batch, *x.shape[-3:])
 
 
 def check_score_mod(fn, dims, device):

@@ -20,6 +20,8 @@ Caution: these are the weights before dropout (dropout is random; the expectatio
 
 from __future__ import annotations
 
+import array
+
 import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
@@ -83,12 +85,13 @@ def rows_of(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     R = idx.numel()
     shape = (*d.scores_shape[:-2], R, d.S)
     budget.check("rows", f"attention_weights for {R} rows", shape,
-                 budget.entries(shape) * (3 * torch.empty((), dtype=acc).element_size() + 1),
+                 budget.entries(shape) * (3 * acc.itemsize + 1),
                  "ask for fewer rows at a time, e.g. rows=slice(0, 1024)")
     if budget.entries(shape) == 0:
         return torch.zeros(shape, dtype=acc, device=query.device)  # nothing to weigh
     if p.score_mod is None and runner.applies(p):  # interval-shaped: the compiled kernel
-        return runner.weights(p, lse, idx).reshape(shape)  # (B, H, R, S) -> (..., H, R, S)
+        w = runner.weights(p, lse, idx)  # (B, H, R, S) -> (..., H, R, S)
+        return w if w.shape == shape else w.reshape(shape)
     allowed = _allowed(p, idx)  # (..., H|1, R, S) or None: every key
     keys, allowed = _needed_keys(allowed, d.S)  # slice(c0, c1) or (S',) indices; allowed too
     every = isinstance(keys, slice) and keys == slice(None)
@@ -146,7 +149,7 @@ def _needed_keys(allowed: torch.Tensor | None, S: int):
     return cols, allowed.index_select(-1, cols)
 
 
-def row_indices(rows, L: int, device) -> torch.Tensor:
+def row_indices(rows, L: int, device: torch.device) -> torch.Tensor:
     """int64 (R,) row indices in [0, L) from None, an int, a slice or a 1-D sequence of ints."""
     if rows is None:
         return torch.arange(L, device=device)
@@ -156,8 +159,12 @@ def row_indices(rows, L: int, device) -> torch.Tensor:
         ints = [rows] if type(rows) is int else list(rows)  # plain ints: checked without torch
         if any(not -L <= r < L for r in ints):
             raise AttnlabError(f"rows: indices must lie in [-{L}, {L}), got {ints}"[:200])
-        return torch.tensor([r + L if r < 0 else r for r in ints], dtype=torch.int64,
-                            device=device)
+        if not ints:
+            return torch.zeros(0, dtype=torch.int64, device=device)
+        # through a buffer: a third of torch.tensor(list)'s cost on a cold call (no inference)
+        t = torch.frombuffer(array.array("q", [r + L if r < 0 else r for r in ints]),
+                             dtype=torch.int64)
+        return t if device.type == "cpu" else t.to(device)
     what = "rows: expected an int, a slice or a 1-D sequence of ints"
     if isinstance(rows, (bool, str, bytes, set, frozenset, dict, float)):
         raise AttnlabError(f"{what}, got {type(rows).__name__} {rows!r}"[:200])

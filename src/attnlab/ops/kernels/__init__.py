@@ -34,7 +34,6 @@ from __future__ import annotations
 import torch
 
 from attnlab.ops.kernels.build import ISAS, KernelStatus, runnable, status
-from attnlab.ops.kernels.build import enabled as _enabled
 from attnlab.ops.kernels.build import get as _get
 
 __all__ = ["ISAS", "KernelStatus", "available", "cached_bytes", "interval_attention",
@@ -45,7 +44,7 @@ __all__ = ["ISAS", "KernelStatus", "available", "cached_bytes", "interval_attent
 def available(isa: str | None = None) -> bool:
     """True when the kernel can run: not turned off (ATTNLAB_KERNEL=0) and built (on first use)
     for `isa` (default: ATTNLAB_KERNEL_ISA or the best ISA of this CPU)."""
-    return _enabled() and _get(isa) is not None
+    return _get(isa) is not None  # None when turned off
 
 
 def cached_bytes(isa: str | None = None) -> int:

@@ -108,7 +108,9 @@ def slopes(alibi, B: int, H: int) -> torch.Tensor | None:
 
 
 def dense(x: torch.Tensor) -> torch.Tensor:
-    """x as float32 contiguous (a view when it already is)."""
+    """x as float32 contiguous (x itself when it already is)."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return x
     return x.to(torch.float32).contiguous()
 
 

@@ -75,7 +75,8 @@ def _weights(c: Call, q, k, lse, idx, isa=None):
     """(B, H, R, S) float32: rows idx (R,) int64 in [0, L) of the weights exp(s - lse), s the
     forward's scores. Inputs the kernel reads in place are not copied; others only in the
     requested rows and the keys they attend."""
-    R, idx = idx.numel(), idx.contiguous()
+    R = idx.numel()
+    idx = idx if idx.is_contiguous() else idx.contiguous()
     if c.empty or R == 0:
         return torch.zeros(c.B, c.H, R, c.S)
     ops = _ops(isa)

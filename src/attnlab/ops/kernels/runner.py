@@ -56,9 +56,16 @@ def _flat(p: Problem):
 def _batched(x: torch.Tensor, d) -> torch.Tensor:
     """(..., heads, n, m) of the call (or (n, m)) as (B, heads, n, m): the batch dims broadcast
     to the call's and flattened (a view unless a broadcast batch must be copied)."""
+    if d.ndim == 4 and x.shape[0] == d.batch[0]:
+        return x  # already (B, h, n, m)
     if d.ndim > 2:
         x = x.expand(*d.batch, *x.shape[-3:])
     return x.reshape(math.prod(d.batch), -1, *x.shape[-2:])  # (..., h, n, m) -> (B, h, n, m)
+
+
+def _shaped(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """x.reshape(shape), or x itself when it has that shape already."""
+    return x if x.shape == shape else x.reshape(shape)
 
 
 def _rows(x: torch.Tensor, batch: tuple[int, ...], B: int) -> torch.Tensor:
@@ -84,7 +91,7 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     if verify and not report[0]:
         return None
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
-    return out.reshape(*rows, d.Dv), lse.reshape(rows)  # (B, H, L, ·) -> (..., H, L, ·)
+    return _shaped(out, (*rows, d.Dv)), _shaped(lse, rows)  # (B, H, L, ·) -> (..., H, L, ·)
 
 
 def weights(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -98,4 +105,4 @@ def weights(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     c = gate.Call(B, d.H, d.Hkv, d.L, d.S, d.D, 0, lo, hi, p.scale, float(p.softcap or 0.0),
                   gate.slopes(p.alibi_slopes, B, d.H), 0)
     return kernel._weights(c, _batched(p.query, d), _batched(p.key, d),
-                           lse.reshape(B, d.H, d.L), idx)  # (..., H, L) -> (B, H, L)
+                           _shaped(lse, (B, d.H, d.L)), idx)  # (..., H, L) -> (B, H, L)
