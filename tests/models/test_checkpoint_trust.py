@@ -476,3 +476,44 @@ def test_a_directory_or_fifo_where_a_file_should_be_says_so(ck, capsys, what, ki
         load_checkpoint(ck)
     assert "missing" not in str(e.value) and path.name in str(e.value)
     cli_one_line_error(capsys, ["train", "--out", str(ck), "--resume", "--quiet"], needle)
+
+
+@pytest.mark.parametrize("saves", [1, 2])
+def test_a_read_while_a_run_saves_reads_the_new_checkpoint(ck, monkeypatch, saves):
+    """A save between reading attnlab.json and its tensor files removes the files it named: the
+    read starts again from the new attnlab.json (a second process resuming or explaining a live
+    run), and a directory that keeps changing gives up with the last error, after READS reads."""
+    from attnlab.models import checkpoint
+
+    m, tok = load_checkpoint(ck)
+    real, calls = checkpoint.read_tensor_file, []
+
+    def racing(st, path, *a, **kw):  # a live run saves just before each of the first reads
+        calls.append(path.name)
+        if len(calls) <= saves:
+            save_checkpoint(ck, m, tok, state={"step": 10 + len(calls), "history": []})
+        return real(st, path, *a, **kw)
+
+    monkeypatch.setattr(checkpoint, "read_tensor_file", racing)
+    monkeypatch.setattr(checkpoint, "READS", 2)
+    if saves == 1:
+        got = read_checkpoint(ck)
+        assert got.step == 11 and len(calls) == 2
+        assert all(torch.equal(got.weights[k], v) for k, v in m.state_dict().items())
+    else:  # it changed under both reads
+        with pytest.raises(AttnlabError, match=r"named in attnlab\.json, is missing"):
+            read_checkpoint(ck)
+        assert len(calls) == 2
+
+
+def test_a_missing_file_without_a_save_is_reported_at_once(ck, monkeypatch):
+    from attnlab.models import checkpoint
+
+    calls = []
+    real = checkpoint.read_tensor_file
+    monkeypatch.setattr(checkpoint, "read_tensor_file",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    tensor_file(ck).unlink()
+    with pytest.raises(AttnlabError, match=r"named in attnlab\.json, is missing"):
+        read_checkpoint(ck)
+    assert len(calls) == 1  # attnlab.json did not change: no second read

@@ -10,7 +10,9 @@
 A save refuses weights or optimizer state holding NaN/Inf, writes the tensors to new file names,
 then replaces attnlab.json atomically (temp file, fsync, os.replace) — the one commit point — and
 only then removes the files the old attnlab.json named and any temp files a killed save left. A
-crash at any moment leaves the previous checkpoint or the new one, both complete.
+crash at any moment leaves the previous checkpoint or the new one, both complete. A read while a
+live run saves (a second process resuming or explaining it) that finds a named file removed reads
+the new attnlab.json again.
 
 A load trusts nothing in the directory (see `checkpoint_checks`): file names must be plain names
 inside it, each tensor file must match its recorded SHA-256, parse, hold finite values of the
@@ -192,6 +194,31 @@ def read_checkpoint(path, *, with_trainer: bool = False) -> Checkpoint:
             raise AttnlabError(f"checkpoint: {p}: {refusal}")
         raise AttnlabError(f"checkpoint: no attnlab checkpoint at {str(path)!r} (expected a "
                            f"directory with {META_FILE} and the weights it names)")
+    for _ in range(READS - 1):
+        seen = _meta_id(p)
+        try:
+            return _read(st, p, with_trainer)
+        except AttnlabError:
+            # the same attnlab.json as when this read began: the fault is the directory's; a new
+            # one: a save committed while this read ran and removed the files the old one named
+            if _meta_id(p) in (seen, None):
+                raise
+    return _read(st, p, with_trainer)
+
+
+READS = 3  # reads of a checkpoint that saves keep replacing before its error is reported
+
+
+def _meta_id(p: Path):
+    """What changes when a save replaces attnlab.json (os.replace: a new inode), or None."""
+    try:
+        st = os.stat(p / META_FILE)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _read(st, p: Path, with_trainer: bool) -> Checkpoint:
     doc = parse_doc(p)
     # the config bounds the tensor files' size before they are read into memory
     config = checked_config(p / META_FILE, "model", GPTConfig.from_dict, doc["model"])
