@@ -90,8 +90,7 @@ def rows_of(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     if budget.entries(shape) == 0:
         return torch.zeros(shape, dtype=acc, device=query.device)  # nothing to weigh
     if p.score_mod is None and runner.applies(p):  # interval-shaped: the compiled kernel
-        w = runner.weights(p, lse, idx)  # (B, H, R, S) -> (..., H, R, S)
-        return w if w.shape == shape else w.reshape(shape)
+        return runner.weights(p, lse, idx)  # (..., H, R, S)
     allowed = _allowed(p, idx)  # (..., H|1, R, S) or None: every key
     keys, allowed = _needed_keys(allowed, d.S)  # slice(c0, c1) or (S',) indices; allowed too
     every = isinstance(keys, slice) and keys == slice(None)

@@ -95,7 +95,7 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
 
 
 def weights(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """(B, H, R, S) float32: the rows idx (R,) of the weights exp(s - lse) from the kernel
+    """(..., H, R, S) float32: the rows idx (R,) of the weights exp(s - lse) from the kernel
     (`ops.weights.rows_of` on an interval-shaped call; p.value is not read)."""
     from attnlab.ops.kernels import kernel
 
@@ -104,5 +104,6 @@ def weights(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     lo, hi = (_rows(x, d.batch, B) for x in intervals_of(p))
     c = gate.Call(B, d.H, d.Hkv, d.L, d.S, d.D, 0, lo, hi, p.scale, float(p.softcap or 0.0),
                   gate.slopes(p.alibi_slopes, B, d.H), 0)
-    return kernel._weights(c, _batched(p.query, d), _batched(p.key, d),
-                           _shaped(lse, (B, d.H, d.L)), idx)  # (..., H, L) -> (B, H, L)
+    w = kernel._weights(c, _batched(p.query, d), _batched(p.key, d),
+                        _shaped(lse, (B, d.H, d.L)), idx)  # (..., H, L) -> (B, H, L)
+    return _shaped(w, (*d.scores_shape[:-2], idx.numel(), d.S))  # (B, H, R, S) -> (..., H, R, S)
