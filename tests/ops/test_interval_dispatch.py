@@ -154,6 +154,23 @@ def test_choice_runs_the_kernel_once(monkeypatch):
     assert ran == ["tiled"]
 
 
+def test_a_call_asks_for_the_kernel_and_its_intervals_once(monkeypatch):
+    """The dispatcher's three questions share one answer per call, and is_causal=True is one
+    mask whose intervals the next call of the same size reuses (a small call's overhead)."""
+    from attnlab.masks.base import Mask
+
+    asked, computed = [], []
+    real_available, real_compute = kernels.available, Mask._compute_intervals
+    monkeypatch.setattr(kernels, "available", lambda *a: asked.append(1) or real_available(*a))
+    monkeypatch.setattr(Mask, "_compute_intervals",
+                        lambda self, *a: computed.append(1) or real_compute(self, *a))
+    q, k, v = qkv(1, 2, 2, 24, 24, 8)
+    want = attnlab.attention(q, k, v, is_causal=True, backend="math")
+    for _ in range(3):
+        assert_close(attnlab.attention(q, k, v, is_causal=True), want, atol=1e-6)
+    assert len(asked) == 3 and len(computed) <= 1
+
+
 @pytest.mark.parametrize("isa", isa_params())
 def test_weights_from_the_kernels_lse_sum_to_one(monkeypatch, isa):
     """The kernel scales the product q·k after the dot, as the score pipeline does: weights

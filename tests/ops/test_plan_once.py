@@ -30,7 +30,7 @@ def test_density_is_the_plans(monkeypatch):
     p = attnlab.ops.api.make_problem(q, k, v, None, 0.0, False, None, False,
                                      mask=masks.sliding_window(64))
     assert dispatch.choose(p, need_lse=False).backend == "tiled"
-    (fused,) = {key[1] for key in p.memo}
+    (fused,) = {key[1] for key in p.memo if key[0] == "tiled.plan"}
     pl = p.memo[("tiled.plan", fused)]
     nonempty, _ = plan.tile_classes(p, plan.BLOCK_Q, plan.BLOCK_K)
     assert pl.density == float(nonempty.float().mean())

@@ -89,6 +89,10 @@ def check_alibi(slopes, dims, device) -> torch.Tensor | None:
     return slopes
 
 
+#: is_causal=True as a mask: one object, so the intervals kept with it serve every such call
+_CAUSAL = causal()
+
+
 def _structured(mask, is_causal, dims) -> Mask | None:
     if mask is not None:
         if not isinstance(mask, Mask):
@@ -108,7 +112,7 @@ def _structured(mask, is_causal, dims) -> Mask | None:
     if not isinstance(is_causal, bool):
         raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
     if is_causal:
-        mask = causal() if mask is None else causal() & mask
+        mask = _CAUSAL if mask is None else _CAUSAL & mask
     return None if mask is None else mask.simplified(dims.L, dims.S)
 
 

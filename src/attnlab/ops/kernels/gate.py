@@ -118,7 +118,8 @@ def rows(x: torch.Tensor) -> torch.Tensor:
     """(B, H, n, m) as float32 whose every head's rows are contiguous, any batch and head strides
     (what the kernel reads in place): x itself when it already is, e.g. rows [a, b) of every
     head of a larger tensor, a context-parallel block's view of its shard; else a copy."""
-    x = x.to(torch.float32)
+    if x.dtype != torch.float32:
+        x = x.to(torch.float32)
     return x if in_place(x) else x.contiguous()
 
 

@@ -37,20 +37,26 @@ def _intervals(p: Problem):
 
 
 def applies(p: Problem) -> bool:
-    """The kernel runs this call: interval-shaped, and the kernel available (built on first use)."""
+    """The kernel runs this call: interval-shaped, and the kernel available (built on first use);
+    answered once per Problem (the dispatcher asks more than once)."""
     from attnlab.ops import kernels
     from attnlab.ops.kernels import build
 
-    return build.enabled() and intervals_of(p) is not None and kernels.available()
+    key = ("kernels.applies", None)
+    if key not in p.memo:
+        p.memo[key] = build.enabled() and intervals_of(p) is not None and kernels.available()
+    return p.memo[key]
 
 
-def _flat(p: Problem):
-    """q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), lo and hi (B|1, Hm, L): batch dims
-    broadcast and flattened into B."""
+def _call(p: Problem, Dv: int) -> gate.Call:
+    """The kernel's Call of a validated Problem, batch dims flattened into B. Its intervals come
+    from the mask, right by construction (int32, contiguous, inside [0, S), 0 and 0 for a row
+    with no key): `gate.check` is for the kernels' public entry points."""
     d = p.dims
-    q, k = _batched(p.query, d), _batched(p.key, d)
-    lo, hi = (_rows(x, d.batch, math.prod(d.batch)) for x in intervals_of(p))
-    return q, k, _batched(p.value, d), lo, hi
+    B = math.prod(d.batch)
+    lo, hi = (_rows(x, d.batch, B) for x in intervals_of(p))  # (B|1, Hm, L)
+    return gate.Call(B, d.H, d.Hkv, d.L, d.S, d.D, Dv, lo, hi, p.scale, float(p.softcap or 0.0),
+                     gate.slopes(p.alibi_slopes, B, d.H), 0)
 
 
 def _batched(x: torch.Tensor, d) -> torch.Tensor:
@@ -84,10 +90,9 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     from attnlab.ops.kernels import kernel
 
     d = p.dims
-    q, k, v, lo, hi = _flat(p)
-    c = gate.check(q, k, v, lo, hi, scale=p.scale, softcap=p.softcap, alibi=p.alibi_slopes)
+    q, k, v = (_batched(x, d) for x in (p.query, p.key, p.value))  # (B, H|Hkv, L|S, D|Dv)
     report = [] if verify else None
-    out, lse = kernel.IntervalAttention.apply(q, k, v, c, None, report)
+    out, lse = kernel.IntervalAttention.apply(q, k, v, _call(p, d.Dv), None, report)
     if verify and not report[0]:
         return None
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
@@ -100,10 +105,7 @@ def weights(p: Problem, lse: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     from attnlab.ops.kernels import kernel
 
     d = p.dims
-    B = math.prod(d.batch)
-    lo, hi = (_rows(x, d.batch, B) for x in intervals_of(p))
-    c = gate.Call(B, d.H, d.Hkv, d.L, d.S, d.D, 0, lo, hi, p.scale, float(p.softcap or 0.0),
-                  gate.slopes(p.alibi_slopes, B, d.H), 0)
+    c = _call(p, 0)
     w = kernel._weights(c, _batched(p.query, d), _batched(p.key, d),
-                        _shaped(lse, (B, d.H, d.L)), idx)  # (..., H, L) -> (B, H, L)
+                        _shaped(lse, (c.B, d.H, d.L)), idx)  # (..., H, L) -> (B, H, L)
     return _shaped(w, (*d.scores_shape[:-2], idx.numel(), d.S))  # (B, H, R, S) -> (..., H, R, S)

@@ -155,9 +155,10 @@ std::tuple<Tensor, Tensor, bool> fwd(const Tensor& q, const Tensor& kt, const Te
   pr.stream_out = out.numel() * 4 >= STREAM_BYTES && pr.Dv % W == 0 &&
                   reinterpret_cast<uintptr_t>(o) % 64 == 0;
   std::atomic<bool> bad{false};
-  run_items(by_cost(query_costs(pr, pn)), fwd_scratch(pr), [&](int64_t item, float* buf) {
+  const std::vector<double> cost = query_costs(pr, pn);
+  run_items(by_cost(cost), fwd_scratch(pr), [&](int64_t item, float* buf) {
     fwd_item(pr, pn, item, o, l, buf, check ? &bad : nullptr);
-  });
+  }, compute_ns(total(cost), pr.D + pr.Dv));  // S = QKᵀ, O += PV
   return {out, lse, check && !bad.load()};
 }
 
@@ -225,6 +226,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
     float* pa = acc.data_ptr<float>();
     std::vector<double> hcost(nkv, 0.0);
     for (int64_t i = 0; i < (int64_t)kcost.size(); ++i) hcost[i / nkp] += kcost[i];
+    const double work = compute_ns(total(hcost), 3 * pr.D + 2 * pr.Dv);  // S, dP, dV, dK, dQ
     run_items(by_cost(hcost), dkdv_scratch(pr), [&](int64_t kv, float* buf) {
       for (int kp = 0; kp < nkp; ++kp)  // a panel no row attends still writes its zeros
         dkdv_item(pr, pn, pl, pd, kv * nkp + kp, odk, odv, pa, buf);
@@ -235,15 +237,16 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& q, const Tensor& k, const T
         for (int64_t i = 0; i < pr.L; ++i)
           for (int d = 0; d < pr.D; ++d) o[i * pr.D + d] = a[i * ldk + d] * pr.scale;
       }
-    });
+    }, work);
     return {dq, dk, dv};
   }
   run_items(by_cost(kcost), dkdv_scratch(pr), [&](int64_t item, float* buf) {
     dkdv_item(pr, pn, pl, pd, item, odk, odv, nullptr, buf);
-  });
-  run_items(by_cost(query_costs(pr, pn)), dq_scratch(pr), [&](int64_t item, float* buf) {
+  }, compute_ns(total(kcost), 2 * pr.D + 2 * pr.Dv));  // S, dP, dV, dK
+  const std::vector<double> qcost = query_costs(pr, pn);
+  run_items(by_cost(qcost), dq_scratch(pr), [&](int64_t item, float* buf) {
     dq_item(pr, pn, pl, pd, item, odq, buf);
-  });
+  }, compute_ns(total(qcost), 2 * pr.D + pr.Dv));  // S, dP, dQ
   return {dq, dk, dv};
 }
 
@@ -282,6 +285,7 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
   TORCH_CHECK(k0 >= 0 && k0 + pr.S <= S_out, "k0: keys [k0, k0 + S) must lie in [0, S_out)");
   const int64_t* pi = idx.data_ptr<int64_t>();
   const int32_t *plo = pr.lo, *phi = pr.hi;
+  double entries = 0;  // (row, key) pairs scored, for the helpers' count
   for (int64_t r = 0; r < R; ++r) {  // every row's interval inside the keys given
     TORCH_CHECK(pi[r] >= 0 && pi[r] < L, "idx: row ", pi[r], " outside [0, ", L, ")");
     TORCH_CHECK(pq[r] >= 0 && pq[r] < q.size(2), "q_at: row ", pq[r], " outside [0, ",
@@ -290,6 +294,7 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
       const int32_t a = plo[bh * L + pi[r]], e = phi[bh * L + pi[r]];
       TORCH_CHECK(a >= e || (a >= k0 && e <= k0 + pr.S), "k: row ", pi[r], "'s keys [", a,
                   ", ", e, ") are not among the keys given [", k0, ", ", k0 + pr.S, ")");
+      entries += std::max(0, e - a);
     }
   }
   pr.q = q.data_ptr<float>();
@@ -304,8 +309,10 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
   const int64_t items = (int64_t)pr.B * pr.H * ((R + RQ - 1) / RQ);
   std::vector<int64_t> order(items);
   std::iota(order.begin(), order.end(), 0);
+  // entries counted per (b|1, h|1) interval: as many (b, h) pairs share each
+  const double work = compute_ns(entries * pr.B * pr.H / ((int64_t)pr.Bl * pr.Hl), pr.D);
   run_items(order, weights_scratch(pr),
-            [&](int64_t item, float* buf) { weights_item(pr, wr, item, po, buf); });
+            [&](int64_t item, float* buf) { weights_item(pr, wr, item, po, buf); }, work);
   return out;
 }
 
@@ -340,7 +347,7 @@ Tensor keys_last_into(const Tensor& x, std::atomic<bool>* bad) {
       if (bad && !finite_span(xs, rows * n)) bad->store(true, std::memory_order_relaxed);
     }
     vfence();
-  });
+  }, stream_ns(2.0 * x.numel()));  // read and written once
   return out;
 }
 
@@ -358,7 +365,7 @@ bool all_finite(const Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "all_finite: float32, contiguous");
   const float* p = x.data_ptr<float>();
   std::atomic<bool> bad{false};
-  run_ranges(x.numel(), GLUE_CHUNK, [&](int64_t b, int64_t e) {
+  run_ranges(x.numel(), GLUE_CHUNK, stream_ns(1), [&](int64_t b, int64_t e) {
     if (!finite_span(p + b, e - b)) bad.store(true);
   });
   return !bad.load();
@@ -421,7 +428,7 @@ Tensor row_dot(const Tensor& a, const Tensor& b) {
   const int64_t sa = a.stride(-1), sb = b.stride(-1);
   const RowIndex ia(a), ib(b);
   float* po = out.data_ptr<float>();
-  run_ranges(N, std::max<int64_t>(1, GLUE_CHUNK / std::max<int64_t>(n, 1)),
+  run_ranges(N, std::max<int64_t>(1, GLUE_CHUNK / std::max<int64_t>(n, 1)), stream_ns(2 * n),
              [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) po[r] = row_dot_1(pa + ia.at(r), sa, pb + ib.at(r), sb, n);
   });

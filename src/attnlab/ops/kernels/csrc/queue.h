@@ -31,14 +31,25 @@ struct Queue {
   std::condition_variable cv;
 };
 
+// A helper is woken for each HELPER_NS of a pass's work (one thread's time, estimated): waking
+// one costs tens of microseconds, more than the whole pass of a small call (L = 16 causal: a
+// second thread made the call 1.5x slower)
+constexpr double HELPER_NS = 200e3;
+
+// one thread's time for `entries` (row, key) pairs at `macs` multiply-adds each: ~100 GF/s, the
+// order of this kernel's speed (a guess within 2x on any CPU it builds for, enough for the count)
+inline double compute_ns(double entries, double macs) { return entries * macs * 2.0 / 100.0; }
+
 // every thread pulls the next item from a shared counter until none is left, so a thread the OS
 // preempts holds up at most one item. The caller works too and then waits only for the items
 // claimed, never for a thread: a helper the OS starts late (a busy machine) finds the queue empty
-// and returns without the caller ever waiting for it (a parallel region's join would)
+// and returns without the caller ever waiting for it (a parallel region's join would).
+// work_ns: the pass's estimated time on one thread, which bounds the helpers woken
 template <class F>
-void run_items(const std::vector<int64_t>& order, size_t scratch, F f) {
+void run_items(const std::vector<int64_t>& order, size_t scratch, F f, double work_ns = 1e18) {
   const int64_t n = order.size();
-  const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
+  const int64_t T = std::min<int64_t>({at::get_num_threads(), n,
+                                       1 + (int64_t)std::min(work_ns / HELPER_NS, 1e9)});
   auto qu = std::make_shared<Queue>();
   qu->n = n;
   // order and f are touched only for a claimed item, and the caller outlives every claimed item
@@ -64,11 +75,20 @@ void run_items(const std::vector<int64_t>& order, size_t scratch, F f) {
 // (window 256 @ 4k, one busy process: 2 threads took 2.4x the CPU time of one thread)
 constexpr int64_t GLUE_CHUNK = int64_t(1) << 16;  // floats per work item
 
+// f(begin, end) over [0, n) in pieces of per; ns_each: one thread's time for one of the n
 template <class F>
-void run_ranges(int64_t n, int64_t per, F f) {  // f(begin, end) over [0, n) in pieces of per
+void run_ranges(int64_t n, int64_t per, double ns_each, F f) {
   std::vector<int64_t> order((n + per - 1) / per);
   std::iota(order.begin(), order.end(), 0);
-  run_items(order, 0, [&](int64_t i, float*) { f(i * per, std::min(n, (i + 1) * per)); });
+  run_items(order, 0, [&](int64_t i, float*) { f(i * per, std::min(n, (i + 1) * per)); },
+            n * ns_each);
+}
+
+// one thread's time for a pass over `floats` in memory: ~16 GB/s, streaming
+inline double stream_ns(double floats) { return floats * 0.25; }
+
+inline double total(const std::vector<double>& x) {
+  return std::accumulate(x.begin(), x.end(), 0.0);
 }
 
 }  // namespace attnlab_k
