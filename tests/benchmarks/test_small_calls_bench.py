@@ -1,0 +1,27 @@
+"""benchmarks/small_calls.py: one tiny run's table (nothing here is timed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import load_script
+
+
+@pytest.fixture(scope="module")
+def sc():
+    yield from load_script("small_calls")
+
+
+def test_a_tiny_run_prints_one_row_per_threads_and_length(sc, capsys):
+    n = torch.get_num_threads()
+    assert sc.main(["--L", "8", "24", "--threads", "1", "--repeats", "2"]) == 0
+    assert torch.get_num_threads() == n  # put back
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["8", "24"]
+    assert all(r.count("|") == 9 and "nan" not in r for r in rows)
+
+
+def test_bad_numbers_are_refused(sc):
+    with pytest.raises(SystemExit):
+        sc.main(["--repeats", "0"])
