@@ -37,8 +37,12 @@ struct Queue {
 constexpr double HELPER_NS = 200e3;
 
 // one thread's time for `entries` (row, key) pairs at `macs` multiply-adds each: ~100 GF/s, the
-// order of this kernel's speed (a guess within 2x on any CPU it builds for, enough for the count)
-inline double compute_ns(double entries, double macs) { return entries * macs * 2.0 / 100.0; }
+// order of this kernel's speed, plus ~1 ns a pair for its softmax (exp, max, sum, masks), which
+// dominates at small head dims (D = 32: 2.4 ns a pair measured, 1.3 of them multiply-adds); a
+// guess within 2x on the CPUs it builds for, enough to count helpers
+inline double compute_ns(double entries, double macs) {
+  return entries * (macs * 2.0 / 100.0 + 1.0);
+}
 
 // every thread pulls the next item from a shared counter until none is left, so a thread the OS
 // preempts holds up at most one item. The caller works too and then waits only for the items
