@@ -122,6 +122,19 @@ def test_compiled_keys_last_is_the_gate_layout(isa, S, n):
     assert torch.equal(build.get(isa).keys_last(x), gate.keys_last(x))
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("S,n", [(1, 7), (5, 24), (70, 33)])
+def test_compiled_rows_padded_is_the_gate_layout(isa, S, n):
+    from attnlab.ops.kernels import build, gate
+
+    x = torch.randn(3, 4, S, n).transpose(0, 1)  # batch and head strides of a view: read in place
+    width = -(-n // gate.PAD) * gate.PAD
+    got = build.get(isa).rows_padded(x, width)
+    assert got.shape == (4, 3, S, width) and torch.equal(got, gate.rows_padded(x))
+    with pytest.raises(RuntimeError, match="width"):
+        build.get(isa).rows_padded(x, n - 1)
+
+
 @pytest.mark.parametrize("L,S", [(1, 1), (1, 300), (300, 1), (257, 257)])
 def test_lengths_at_block_edges(L, S):
     run_case(None, (1, 2, 1, L, S, 16, 24), "causal_br", 4.0, True, grad=True)

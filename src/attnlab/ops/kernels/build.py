@@ -53,8 +53,8 @@ ISA_NEEDS = {
     "scalar": set(),
 }
 #: the ops each build registers (csrc/ops.cpp)
-OPS = ("fwd", "bwd", "keys_last", "keys_last_checked", "weights", "simd_width", "all_finite",
-       "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros")
+OPS = ("fwd", "bwd", "keys_last", "keys_last_checked", "rows_padded", "weights", "simd_width",
+       "all_finite", "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros")
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
 LOCK_WAIT_S = 900.0
 

@@ -131,7 +131,8 @@ def in_place(x: torch.Tensor) -> bool:
 
 
 def rows_padded(x: torch.Tensor) -> torch.Tensor:
-    """(B, Hkv, S, n) -> float32 (B, Hkv, S, n padded to PAD), the padding zero."""
+    """(B, Hkv, S, n) -> float32 (B, Hkv, S, n padded to PAD), the padding zero (the layout the
+    compiled `rows_padded` op makes on the kernel's threads; this one is its test oracle)."""
     n = x.shape[-1]
     width = -(-n // PAD) * PAD
     if width == n:

@@ -19,6 +19,15 @@ def _ops(isa: str | None):
     return ops
 
 
+def _padded(ops, x: torch.Tensor) -> torch.Tensor:
+    """x (B, h, n, m) as float32 rows padded with zeros to a multiple of PAD floats (the layout of
+    `gate.rows_padded`, its oracle), made by the kernel's op on the kernel's threads."""
+    x = gate.rows(x)
+    m = x.shape[-1]
+    width = -(-m // gate.PAD) * gate.PAD
+    return x if width == m else ops.rows_padded(x, width)
+
+
 #: ATTNLAB_KERNEL_BWD: "fused" (dQ added during the dK/dV pass, one item per key/value head),
 #: "split" (a separate dQ pass over query panels); unset: the kernel picks by items per thread
 BWD_MODES = {"": 0, "fused": 1, "split": 2}
@@ -41,7 +50,7 @@ def _fwd(c: Call, q, k, v, isa=None, check=False):
         out = q.new_zeros(c.B, c.H, c.L, c.Dv)
         return out, q.new_full((c.B, c.H, c.L), float("-inf"), dtype=torch.float32), None, True
     ops = _ops(isa)
-    qf, vp = gate.rows(q), gate.rows_padded(v)
+    qf, vp = gate.rows(q), _padded(ops, v)
     if check:  # the keys' check rides on their transpose, the rows' on the forward's reads
         kt, keys_finite = ops.keys_last_checked(gate.rows(k))
         if not keys_finite:
@@ -59,14 +68,14 @@ def _bwd(c: Call, q, k, v, out, lse, dout, dlse=None, prepared=None, isa=None):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     ops = _ops(isa)
     kf, vf = gate.rows(k), gate.rows(v)  # converted once (fp16/bf16 in: one copy each)
-    qf, kt, vp = prepared or (gate.rows(q), ops.keys_last(kf), gate.rows_padded(vf))
+    qf, kt, vp = prepared or (gate.rows(q), ops.keys_last(kf), _padded(ops, vf))
     go = dout.to(torch.float32)  # (B, H, L, Dv), any strides (a sum's gradient: one value)
     delta = ops.row_dot(go, out.to(torch.float32))  # rowsum(dO ∘ O): (B, H, L, Dv) -> (B, H, L)
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)
     lse = gate.dense(lse)
     vt = ops.keys_last(vf)
-    dq, dk, dv = ops.bwd(qf, gate.rows_padded(kf), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
+    dq, dk, dv = ops.bwd(qf, _padded(ops, kf), kt, vp, vt, c.lo, c.hi, c.slopes, lse,
                          delta.contiguous(), go, c.scale, c.softcap, c.pos_off, _bwd_mode())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

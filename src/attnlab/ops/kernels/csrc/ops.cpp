@@ -360,6 +360,32 @@ std::tuple<Tensor, bool> keys_last_checked(const Tensor& x) {
   return {kt, !bad.load()};
 }
 
+// (B, H, S, n) float32 whose every head's rows are contiguous -> (B, H, S, width) with zeros past
+// n: the padded rows the kernel reads (head dims not a multiple of PAD), made on the kernel's
+// queue. PyTorch's strided copy of the same runs on OpenMP, whose threads then spin against the
+// kernel's own (D = 24 at 2 threads: the forward took as long as on one).
+Tensor rows_padded(const Tensor& x, int64_t width) {
+  expect_rows(x, "x");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
+  const int64_t H = x.size(1), S = x.size(2), n = x.size(3);
+  TORCH_CHECK(width >= n, "width: expected at least the rows' ", n, " values, got ", width);
+  Tensor out = empty_big({x.size(0), H, S, width}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t sb = x.stride(0), sh = x.stride(1);
+  run_ranges(x.size(0) * H * S, std::max<int64_t>(1, GLUE_CHUNK / std::max<int64_t>(width, 1)),
+             stream_ns((double)(n + width)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {  // row r of head bh = r / S
+      const int64_t bh = r / S;
+      const float* xs = src + (bh / H) * sb + (bh % H) * sh + (r % S) * n;
+      float* o = dst + r * width;
+      std::copy(xs, xs + n, o);
+      std::fill(o + n, o + width, 0.0f);
+    }
+  });
+  return out;
+}
+
 // no NaN or Inf in x (float32, contiguous), on the kernel's work queue
 bool all_finite(const Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "all_finite: float32, contiguous");
@@ -458,6 +484,7 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "Tensor? slopes, Tensor lse, Tensor delta, Tensor dout, float scale, float softcap, "
         "int pos_off, int mode) -> (Tensor, Tensor, Tensor)", &bwd);
   m.def("keys_last(Tensor x) -> Tensor", &keys_last);
+  m.def("rows_padded(Tensor x, int width) -> Tensor", &rows_padded);
   m.def("keys_last_checked(Tensor x) -> (Tensor, bool)", &keys_last_checked);
   m.def("weights(Tensor q, Tensor k, Tensor idx, Tensor? q_at, Tensor lse, Tensor lo, Tensor hi, "
         "Tensor? slopes, float scale, float softcap, int pos_off, int k0, int S_out) -> Tensor",
