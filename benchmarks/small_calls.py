@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 import attnlab
 
-
 BURST = 10  # calls of one step in a row: the same layer called again, caches warm
 
 
