@@ -128,7 +128,7 @@ def test_compiled_rows_padded_is_the_gate_layout(isa, S, n):
     from attnlab.ops.kernels import build, gate
 
     x = torch.randn(3, 4, S, n).transpose(0, 1)  # batch and head strides of a view: read in place
-    width = -(-n // gate.PAD) * gate.PAD
+    width = gate.padded_width(n)
     got = build.get(isa).rows_padded(x, width)
     assert got.shape == (4, 3, S, width) and torch.equal(got, gate.rows_padded(x))
     with pytest.raises(RuntimeError, match="width"):

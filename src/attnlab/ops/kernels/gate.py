@@ -130,11 +130,17 @@ def in_place(x: torch.Tensor) -> bool:
         (n <= 1 or x.stride(2) == m)
 
 
+def padded_width(n: int) -> int:
+    """n rounded up to a multiple of PAD: the row length of k and v the kernel reads, and the
+    keys of Kᵀ in whole chunks."""
+    return -(-n // PAD) * PAD
+
+
 def rows_padded(x: torch.Tensor) -> torch.Tensor:
     """(B, Hkv, S, n) -> float32 (B, Hkv, S, n padded to PAD), the padding zero (the layout the
     compiled `rows_padded` op makes on the kernel's threads; this one is its test oracle)."""
     n = x.shape[-1]
-    width = -(-n // PAD) * PAD
+    width = padded_width(n)
     if width == n:
         return rows(x)
     out = x.new_empty(*x.shape[:-1], width, dtype=torch.float32)
@@ -148,7 +154,7 @@ def keys_last(x: torch.Tensor) -> torch.Tensor:
     (the layout the compiled `keys_last` op makes, ~6x faster; this one is its test oracle):
     Kᵀ in chunks of PAD keys, the keys of one dimension contiguous (csrc/tiles.h: chunked)."""
     B, Hkv, S, n = x.shape
-    width = -(-S // PAD) * PAD
+    width = padded_width(S)
     out = x.new_empty(B, Hkv, width // PAD, n, PAD, dtype=torch.float32)
     full = S // PAD * PAD
     out[:, :, :S // PAD] = x[:, :, :full].reshape(B, Hkv, S // PAD, PAD, n).transpose(-2, -1)

@@ -23,9 +23,8 @@ def _padded(ops, x: torch.Tensor) -> torch.Tensor:
     """x (B, h, n, m) as float32 rows padded with zeros to a multiple of PAD floats (the layout of
     `gate.rows_padded`, its oracle), made by the kernel's op on the kernel's threads."""
     x = gate.rows(x)
-    m = x.shape[-1]
-    width = -(-m // gate.PAD) * gate.PAD
-    return x if width == m else ops.rows_padded(x, width)
+    width = gate.padded_width(x.shape[-1])
+    return x if width == x.shape[-1] else ops.rows_padded(x, width)
 
 
 #: ATTNLAB_KERNEL_BWD: "fused" (dQ added during the dK/dV pass, one item per key/value head),
