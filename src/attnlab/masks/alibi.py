@@ -35,6 +35,9 @@ class ALiBi:
             raise AttnlabError(
                 f"slopes: expected a float tensor of shape (H,) or (B, H), got "
                 f"{type(slopes).__name__} {fmt_shape(getattr(slopes, 'shape', ()))}")
+        if not bool(torch.isfinite(slopes.detach()).all()):
+            raise AttnlabError(f"slopes: expected finite values, got "
+                               f"{slopes.detach().cpu().tolist()}"[:300])
         check_choice("align", align, ALIGNS)
         if not isinstance(symmetric, bool):
             raise AttnlabError(f"symmetric: expected a bool, got {symmetric!r}")

@@ -86,7 +86,19 @@ def check_alibi(slopes, dims, device) -> torch.Tensor | None:
         raise AttnlabError(
             f"alibi_slopes: expected device {device} like query, got {slopes.device}"
         )
+    check_finite("alibi_slopes", slopes)
     return slopes
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    """AttnlabError naming `name` and showing the values when t holds NaN or ±Inf: a slope or
+    sink of inf/nan gives each backend its own answer for that head (inf - inf, 0 · inf).
+    One small reduction (a host sync on a device: the tensors checked here have H entries)."""
+    if t.numel() and not bool(torch.isfinite(t.detach()).all()):
+        idx = (~torch.isfinite(t.detach())).nonzero().tolist()[:8]  # (n, ndim) positions
+        bad = [i[0] if len(i) == 1 else tuple(i) for i in idx]
+        raise AttnlabError(f"{name}: expected finite values, got {t.detach().cpu().tolist()}"[:300]
+                           + f" (non-finite at index {bad})")
 
 
 #: is_causal=True as a mask: one object, so the intervals kept with it serve every such call
