@@ -5,8 +5,13 @@ namespace), compiled on first use by `torch.utils.cpp_extension` with ninja into
 
     $ATTNLAB_CACHE_DIR (default ~/.cache/attnlab) / kernels / <isa>-<source hash>-torch<version>/
 
-The build runs in a temporary folder that is renamed into place when it is complete, under a file
-lock, so two processes building at once never see half a library. A failure (no compiler, no
+The build runs in a temporary folder that is renamed into place when it is complete (its files
+and folder fsynced first), under a file lock, so two processes building at once never see half a
+library. Folders are created 0700. Nothing in the cache is trusted (`trust`): before a library is
+loaded, it and every folder up to the cache root must be this user's and writable by no one
+else, and its sha256 must be the one recorded at build time. A damaged library (truncated,
+modified, no record) is rebuilt; a foreign one (another owner, a group/world-writable folder)
+is left alone and attnlab runs its PyTorch path; either with one warning. A failure (no compiler, no
 ninja, a compile error) is remembered for the process and warned about once; `available()` is
 then False and attnlab runs its PyTorch path.
 
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
+from attnlab.ops.kernels import trust
 
 ISAS = ("avx512", "avx2", "scalar")
 CSRC = Path(__file__).with_name("csrc")
@@ -122,10 +128,17 @@ def chosen_isa() -> str:
     return runnable()[0]
 
 
-def cache_root() -> Path:
+def cache_base() -> Path:
+    """The cache root: $ATTNLAB_CACHE_DIR, else $XDG_CACHE_HOME/attnlab or ~/.cache/attnlab; the
+    folders from a library up to it are the ones `trust.check_owner` checks."""
     base = os.environ.get("ATTNLAB_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnlab")
-    return Path(base) / "kernels"
+    return Path(os.path.abspath(base))
+
+
+def cache_root() -> Path:
+    """Where the builds live: cache_base() / kernels."""
+    return cache_base() / "kernels"
 
 
 def build_key(isa: str) -> str:
@@ -178,42 +191,111 @@ def _why(e: Exception) -> str:
 
 
 def _load(isa: str):
-    import torch
-
     if isa not in runnable():
         raise KernelUnavailable(f"this CPU cannot run the {isa} build (it lacks "
                            f"{', '.join(sorted(ISA_NEEDS[isa] - cpu_flags()))})")
     name, ns = _names(isa)
     final = cache_root() / build_key(isa)
     lib = final / f"{name}.so"
-    if not lib.exists():
-        _build(isa, name, ns, final)
-    if not hasattr(torch.ops, ns) or not hasattr(getattr(torch.ops, ns), "fwd"):
-        torch.ops.load_library(str(lib))
+    if not _has_ns(ns):
+        damaged = _check_cached(lib)
+        if damaged or not lib.exists():
+            _build(isa, name, ns, final, damaged)
+        _trusted(lib)  # what a build (ours or another process's) left, checked once more
+        if not _has_ns(ns):
+            _dlopen(lib)
+        if damaged:
+            warnings.warn(f"attnlab: rebuilt the {isa} interval kernel: the cached one was not "
+                          f"loaded ({damaged})", RuntimeWarning, stacklevel=4)
+    return _ops(ns)
+
+
+def _has_ns(ns: str) -> bool:
+    """The build's ops are registered in this process (loaded before, or by its own build)."""
+    import torch
+
+    return hasattr(torch.ops, ns) and hasattr(getattr(torch.ops, ns), "fwd")
+
+
+def _dlopen(lib: Path) -> None:
+    """Load a library `trust.verify` passed (the one place attnlab dlopens a kernel)."""
+    import torch
+
+    torch.ops.load_library(str(lib))
+
+
+def _ops(ns: str):
+    import torch
+
     ops = getattr(torch.ops, ns)
     for op in OPS:  # each op's first lookup reads its schema (~0.2 ms): done here, once
         getattr(ops, op)
     return ops
 
 
-def _build(isa: str, name: str, ns: str, final: Path) -> None:
+def _check_cached(lib: Path) -> str | None:
+    """None when `lib` is absent or may be loaded; why, when it is ours but damaged (rebuild
+    it). Raises KernelUnavailable when it, or a folder above it, is not only ours."""
+    base = cache_base()
+    try:
+        if os.path.lexists(lib):
+            trust.verify(lib, base)
+        else:  # the folders a build goes into
+            for p in (lib.parent, lib.parent.parent, base):
+                if os.path.lexists(p):
+                    trust.check_owner(p, base)
+                    break
+    except trust.Untrusted as e:
+        if e.foreign:
+            raise KernelUnavailable(f"the kernel cache is not trusted: {e}") from None
+        return str(e)
+    return None
+
+
+def _trusted(lib: Path) -> None:
+    try:
+        trust.verify(lib, cache_base())
+    except trust.Untrusted as e:
+        raise KernelUnavailable(f"the built kernel is not trusted: {e}") from None
+
+
+def _build(isa: str, name: str, ns: str, final: Path, damaged: str | None = None) -> None:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
-        raise KernelUnavailable(f"no C++ compiler: {cxx!r} is not on PATH (install g++ or set CXX)")
+        raise KernelUnavailable(_also(damaged, f"no C++ compiler: {cxx!r} is not on PATH "
+                                               "(install g++ or set CXX)"))
     root = final.parent
-    root.mkdir(parents=True, exist_ok=True)
+    trust.private_dirs(root, cache_base())
     with _locked(root / f"{final.name}.lock"):
-        if (final / f"{name}.so").exists():
-            return  # another process built it while we waited
+        lib = final / f"{name}.so"
+        if os.path.lexists(final):
+            if _check_cached(lib) is None and lib.exists():
+                return  # another process built it while we waited
+            _discard(final)  # ours, damaged (checked by _check_cached)
         tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.", suffix=".tmp", dir=root))
         log.warning("attnlab: building the %s interval kernel into %s (once; about half a "
                     "minute)", isa, final)
         try:
             _compile(isa, name, ns, tmp)
-            os.rename(tmp, final)
-        except BaseException:
+            trust.record(tmp / f"{name}.so")
+            trust.durable(tmp, final)
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if damaged and isinstance(e, Exception):
+                raise KernelUnavailable(_also(damaged, _why(e))) from None
             raise
+
+
+def _also(damaged: str | None, why: str) -> str:
+    return why if damaged is None else f"the cached kernel was damaged ({damaged}) and " \
+        f"rebuilding it failed: {why}"
+
+
+def _discard(final: Path) -> None:
+    """Move a damaged build aside (one rename: no reader sees it half deleted), then delete it."""
+    gone = Path(tempfile.mkdtemp(prefix=f"{final.name}.", suffix=".stale", dir=final.parent))
+    os.rename(final, gone / "build")
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _compile(isa: str, name: str, ns: str, build_dir: Path) -> None:
