@@ -21,7 +21,10 @@ block is active, and never otherwise: the op returns the log-sum-exp of each row
 `attnlab.attention_weights` recomputes the weights exactly from it, exp(score - lse), never by a
 second softmax, a block of `WEIGHT_ROWS` rows at a time. The call is validated once: output,
 weights and the recording all come from the same `Problem`.
-Caution: in training mode with dropout the returned weights are those before dropout. Logit
+Each call's per-head output passes through `attnlab.interventions` (ablation, patching) before
+it is returned; with no intervention active it is returned as computed.
+Caution: in training mode with dropout the returned weights are those before dropout, and under
+an intervention the weights the op computed (a fixed pattern changes the output only). Logit
 softcapping (Gemma 2) is passed on to the op; attention sinks are refused (AttnlabError).
 """
 
@@ -31,6 +34,7 @@ import torch
 
 from attnlab.adapters import recording
 from attnlab.errors import AttnlabError
+from attnlab.interventions import active as interventions
 from attnlab.ops.api import WEIGHT_ROWS, attention, make_problem, run_with_weights
 
 NAME = "attnlab"
@@ -129,12 +133,15 @@ def attnlab_attention_forward(
                 enable_gqa=key.shape[-3] != query.shape[-3])
     if kwargs.get("softcap") is not None:  # Gemma 2: softcap * tanh(scaled score / softcap)
         args["softcap"] = float(kwargs["softcap"])
+    layer = None if _is_cross(module) else getattr(module, "layer_idx", None)
     if not _wants_weights(kwargs):
         out = attention(query, key, value, **args)  # (B, H, L, Dv)
+        out = interventions.apply(layer, out, value)  # an active intervention's edit, if any
         return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
     p = make_problem(query, key, value, args["attn_mask"], args["dropout_p"], causal, scaling,
                      args["enable_gqa"], mask=None, softcap=args.get("softcap"))
     out, _, weights = run_with_weights(p, row_block=WEIGHT_ROWS)  # weights (B, H, L, S)
+    out = interventions.apply(layer, out, value)
     if recording.recording():
         _record(module, query, key, value, _record_masks(p), weights, causal, args.get("softcap"))
     return out.transpose(1, 2).contiguous(), weights.to(query.dtype)

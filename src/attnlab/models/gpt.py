@@ -66,6 +66,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        for i, b in enumerate(self.blocks):
+            b.attn.layer_idx = i  # what attnlab.interventions addresses
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat
         for name, p in self.named_parameters():

@@ -21,6 +21,7 @@ from torch import nn
 from attnlab import masks
 from attnlab.capture import AttentionCall
 from attnlab.errors import AttnlabError, check_dropout
+from attnlab.interventions import active as interventions
 from attnlab.nn.attend import attend
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.mha import _check_heads
@@ -59,6 +60,7 @@ class CausalSelfAttention(nn.Module):
         self.kernel = None  # None = attnlab.attention; benchmarks swap in a peer
         self.context_parallel = context_parallel  # None: the whole sequence is here
         self.dropout_seed: int | None = None  # key of the attention dropout under a CP handle
+        self.layer_idx: int | None = None  # the model's layer index: what interventions address
 
     def new_cache(self, batch_size: int, max_length: int, *, dtype=None, device=None) -> KVCache:
         w = self.qkv.weight
@@ -89,6 +91,7 @@ class CausalSelfAttention(nn.Module):
                                is_causal=is_causal, dropout_p=p_drop, kernel=self.kernel)
         if record is not None:  # the weights and the scale of the one validated call
             record.append(_record(q, k, v, w, scale))
+        out = interventions.apply(self.layer_idx, out, v)  # an active intervention's edit
         y = out.transpose(1, 2).reshape(B, L, self.d_model)  # (B, H, L, D) -> (B, L, H·D)
         return self.out_proj(y)
 
