@@ -70,8 +70,10 @@ def attention(
             the scaled scores before any other modifier, written with elementwise tensor ops
             (attnlab calls it on broadcast index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx
             (1, 1, L, 1), kv_idx (1, 1, 1, S); torch's Flex on scalars). Forward and backward
-            on "math" (autograd, also into tensors fn captures), "tiled" (its plain path; no
-            gradient into captured tensors) and "flex"; "reference" computes it in float64.
+            on "math", "tiled" (its plain path) and "flex" (CUDA), with gradients into the
+            tensors fn reads that need one (a learned bias table), as FlexAttention's backward
+            returns them; "reference" computes it in float64 and refuses such tensors (no
+            autograd), as does "flex" on CPU (forward only).
 
     All masks given (attn_mask, is_causal, mask) apply together: a pair may attend only if every
     one allows it. A query row that may attend to nothing gets output 0 and lse -inf, never NaN;

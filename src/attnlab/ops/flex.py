@@ -28,6 +28,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.masks import FULL, PARTIAL, FunctionMask, Mask, from_dense
+from attnlab.ops import captured
 from attnlab.ops.problem import Problem
 
 #: FlexAttention's tile: the BlockMask's query and key block size
@@ -67,7 +68,8 @@ def forward(p: Problem, need_lse: bool):
         raise AttnlabError('dropout_p: backend "flex" has no dropout (FlexAttention has none); '
                            'pass dropout_p=0 or use backend="tiled"')
     d, dev = p.dims, p.query.device
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (p.query, p.key, p.value))
+    grad = torch.is_grad_enabled() and (
+        any(x.requires_grad for x in (p.query, p.key, p.value)) or bool(captured.of(p)))
     if dev.type == "cpu" and grad:
         raise AttnlabError('backend: "flex" on CPU has no backward (torch compiles FlexAttention '
                            'for inference only there); use backend="tiled" to train on CPU')

@@ -6,7 +6,7 @@ import torch
 
 from attnlab import reference
 from attnlab.errors import AttnlabError
-from attnlab.ops import scores
+from attnlab.ops import captured, scores
 from attnlab.ops.problem import Problem
 
 
@@ -15,6 +15,11 @@ def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
         raise AttnlabError(
             'backend: "reference" computes in NumPy and has no gradients; use backend="math" '
             "or run under torch.no_grad()"
+        )
+    if captured.of(p):
+        raise AttnlabError(
+            'score_mod: reads tensors that need a gradient, and backend "reference" computes in '
+            'NumPy with no gradients; use backend="math" or run under torch.no_grad()'
         )
     if p.dropout_p > 0:
         raise AttnlabError('dropout_p: backend "reference" is deterministic; pass dropout_p=0')

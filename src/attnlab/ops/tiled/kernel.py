@@ -34,6 +34,7 @@ Caution: no gradient flows to a float `attn_mask` or to ALiBi slopes (they are c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.masks import Mask
-from attnlab.ops import fused_cpu, plain, scores
+from attnlab.ops import captured, fused_cpu, plain, scores
 from attnlab.ops.nonfinite import all_finite
 from attnlab.ops.problem import Problem
 from attnlab.ops.tiled import fused
@@ -79,6 +80,10 @@ class Setup:
     finite: bool  # k and v hold no NaN/Inf: masked key columns need no zeroing
     shift_invariant: bool = False  # the mask depends only on i - j (causal, sliding window)
     score_mod: Callable | None = None  # the call's bound score_mod (plain path only)
+    #: tensors the score_mod reads that need a gradient (`ops.captured`): the Function's inputs
+    captured: tuple = ()
+    #: during a backward: their gradients, summed over the chunks (None: no chunk reached one)
+    captured_grads: list | None = None
     #: chunk masks kept across calls by a mask that offers a store (`FunctionMask.memo`): a mask
     #: function is not shift invariant, so this is its stand-in for `cache`
     memo: dict | None = None
@@ -105,6 +110,7 @@ def make_setup(p: Problem, fused: bool) -> Setup:
         shift_invariant=(p.attn_mask is None and p.structured is not None
                          and p.structured.shift_invariant),
         score_mod=p.score_mod,
+        captured=captured.of(p),
         memo=_memo(p, fused),
     )
 
@@ -272,7 +278,12 @@ def _score_mod(st: Setup, s: torch.Tensor, q0: int, q1: int, ch: Chunk, grad: bo
         out = scores.apply_score_mod(st.score_mod, raw, rows, cols)  # (B, H, bq, ck)
 
     def vjp(ds: torch.Tensor) -> torch.Tensor:  # d(score_mod)ᵀ · ds, (N, G·bq, ck)
-        g, = torch.autograd.grad(out, raw, ds.view_as(out))
+        g, *extra = torch.autograd.grad(out, (raw, *st.captured), ds.view_as(out),
+                                        allow_unused=True)
+        for i, e in enumerate(extra):  # the captured tensors' share of this chunk
+            if e is not None:
+                acc = st.captured_grads
+                acc[i] = e if acc[i] is None else acc[i] + e
         return g.view(N, -1, ck)
 
     # a copy: the caller turns the scores into weights in place, and out's backward may read out
@@ -426,7 +437,8 @@ def _fused_fwd_rows(st: Setup, q5, k, v, q0, q1, chunks, gen=None):
 
 def _bwd(st: Setup, q, k, v, out, lse, dout, dlse=None):
     """Gradients (dq, dk, dv) in the inputs' dtypes; q, k, v, out, lse as `_fwd`'s, dout as out,
-    dlse as lse or None (zero)."""
+    dlse as lse or None (zero). The gradients of the score_mod's captured tensors are summed
+    into `st.captured_grads` (give a Setup with a list of None there)."""
     extra = 0
     if dlse is not None and st.fused:  # the fused kernel takes dlse as one more column
         q, k, v, out, dout, extra = fused_cpu.with_lse_grad(q, k, v, out, dout, dlse)
@@ -516,8 +528,12 @@ def _fused_bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv
 
 
 class TiledAttention(torch.autograd.Function):
+    """(q, k, v, st, *captured) -> (out, lse); `captured` are st.captured, the score_mod's
+    tensors that need a gradient, given as inputs so autograd asks for their gradients (the
+    score_mod reads them itself)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, st: Setup):
+    def forward(ctx, q, k, v, st: Setup, *captured):
         out, lse = _fwd(st, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.st = st
@@ -528,8 +544,9 @@ class TiledAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        dq, dk, dv = _bwd(ctx.st, q, k, v, out, lse, dout, _nonzero(dlse))
-        return dq, dk, dv, None
+        st = dataclasses.replace(ctx.st, captured_grads=[None] * len(ctx.st.captured))
+        dq, dk, dv = _bwd(st, q, k, v, out, lse, dout, _nonzero(dlse))
+        return dq, dk, dv, None, *st.captured_grads
 
 
 def _nonzero(dlse: torch.Tensor | None) -> torch.Tensor | None:
@@ -548,7 +565,7 @@ def forward(p: Problem, need_lse: bool = True, *, fused: bool | None = None):
         return plain.forward(p)  # nothing to tile; the math path has the semantics
     st = make_setup(p, fused=fused_cpu.applies(p) if fused is None else fused)
     q, k, v = _kernel_inputs(p, st)
-    out, lse = TiledAttention.apply(q, k, v, st)
+    out, lse = TiledAttention.apply(q, k, v, st, *st.captured)
     out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
     return out, lse.reshape(p.query.shape[:-1])  # (B, H, L) -> (..., H, L)
 
