@@ -20,7 +20,9 @@ import importlib
 _NAMES = {
     "Ablate": "edits", "MeanAblate": "edits", "Patch": "edits", "FixPattern": "edits",
     "HeadOutputs": "edits", "intervene": "run", "record_heads": "run", "model_heads": "run",
-    "sweep": "batched", "find_layers": "batched",
+    "sweep": "batched", "find_layers": "batched", "logit_lens": "lens", "readout": "lens",
+    "next_token_logprob": "measures", "logit_difference": "measures", "text_loss": "measures",
+    "token_cosine": "measures", "mean_pool": "measures", "embedding_similarity": "measures",
 }
 
 __all__ = sorted(_NAMES)
