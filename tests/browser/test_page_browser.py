@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from attnlab.explain.page_payload import opening
 from attnlab.viz.page import write_page
 from browser.helpers_browser import check_png, check_svg, export, lines, pct, texts
 from viz.fakes import XSS, fake_capture
@@ -33,13 +34,17 @@ def page(clean_page, page_url):
     return clean_page(page_url, "#drawing .link")  # nothing but the file itself
 
 
-def test_loads_with_the_first_head(page, capture):
+def test_loads_on_the_top_head_for_it_pinned(page, capture):
+    o = opening(capture)  # the head explain ranks first for "it"
+    assert o["token"] == TOKENS.index("it")
     assert page.get_attribute("#drawing", "data-view") == "head"
+    assert page.evaluate("[attnlabState.layer, attnlabState.head, attnlabState.pinned]") == [
+        o["layer"], o["head"], o["token"]]
     got = lines(page)
     assert len(got) > len(TOKENS)
     for i, j, opacity in got:
         assert capture.mask[i, j]
-        assert opacity == pytest.approx(capture.weights[0, 0, i, j], abs=1e-4)
+        assert opacity == pytest.approx(capture.weights[o["layer"], o["head"], i, j], abs=1e-4)
 
 
 def test_picking_layer_and_head_redraws(page, capture):
@@ -55,6 +60,8 @@ def test_picking_layer_and_head_redraws(page, capture):
 
 
 def test_hover_isolates_a_token_and_shows_its_weights(page, capture):
+    page.select_option("#layer", "0")
+    page.select_option("#head", "0")
     i = 8  # "it"
     page.hover(f".tok.q[data-index='{i}']")
     expected = [pct(capture.weights[0, 0, i, j]) if capture.mask[i, j] else "masked"
@@ -67,6 +74,10 @@ def test_hover_isolates_a_token_and_shows_its_weights(page, capture):
     best = int(np.argmax(capture.weights[0, 0, i]))
     readout = page.inner_text("#readout")
     assert f"{TOKENS[best]}\u201d {pct(capture.weights[0, 0, i, best])}" in readout
+    page.hover(".tok.q[data-index='2']")
+    page.mouse.move(1, 1)  # back to the pinned token's weights
+    assert texts(page, "#drawing .keys .pct") == expected
+    page.click(".tok.q[data-index='8']")  # unpinned: nothing
     page.mouse.move(1, 1)
     assert set(texts(page, "#drawing .keys .pct")) == {""}
 

@@ -166,8 +166,11 @@ def test_heads_are_the_heads_drawn_first():
     att = tuple(torch.randn(2, 1, 4, 3, 3).softmax(-1))  # (layers, batch, H, L, S)
     toks = ["a", "b", "c"]
     opening = lambda **kw: _opening(viz.head_view(att, toks, html_action="return", **kw).data)  # noqa: E731
-    assert opening() == "view=head&amp;heads=all"  # bertviz: every head
-    assert opening(heads=[]) == "view=head&amp;heads=all"
+    # nothing chosen: the page opens where its data says (the top head for one word, pinned)
+    assert opening() == "view=head"
+    assert '"opening":{"layer":' in viz.head_view(att, toks, html_action="return").data
+    assert opening(heads=[]) == "view=head"
+    assert opening(layer=1) == "view=head&amp;layer=1&amp;heads=all"  # bertviz: every head
     assert opening(heads=[3, 1]) == "view=head&amp;head=3&amp;heads=3,1"
     assert opening(heads=torch.tensor([-1])) == "view=head&amp;head=3&amp;heads=3"
     assert "heads" not in _opening(viz.model_view(att, toks, html_action="return").data)

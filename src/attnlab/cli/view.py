@@ -3,6 +3,9 @@
 Head view (lines from each token to what it borrows, hover for percentages), model view (every
 layer and head; click one), step view (q·k -> scaled -> masked -> softmax -> weighted sum for one
 token and head, with the model's numbers), and PNG/SVG export. Nothing is fetched, ever.
+
+The page opens on the head `attnlab explain` ranks first for --token (default "it" when the text
+has it, else its first word), that token pinned, with its percentages beside the keys.
 """
 
 from __future__ import annotations
@@ -18,19 +21,29 @@ def add_parser(sub):
     p.add_argument("text", help="the text to run the model on")
     p.add_argument("-o", "--output", required=True, metavar="FILE.html",
                    help="where to write the page")
+    p.add_argument("--token", metavar="WORD",
+                   help='the word the page opens on, pinned, in the head explain ranks first for '
+                   'it (or its token index; default "it" when the text has it, else its first '
+                   'word)')
     add_model(p)
     add_threads(p)
     return p
 
 
 def run(args) -> int:
+    from attnlab.explain.page_payload import opening
     from attnlab.viz.page import write_page
 
     check_text("TEXT", args.text)
+    if args.token is not None:
+        check_text("--token", args.token)
     out = check_output("-o", args.output, (".html", ".htm"))
     ma = run_text(args.model, args.text)
-    write_page(ma, out, text=args.text)
+    write_page(ma, out, text=args.text, token=args.token)
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1024:.0f} KiB, {ma.model_name}, {ma.n_layers} layers x "
           f"{ma.n_heads} heads, {len(ma.tokens)} tokens); open it in a browser, no network needed")
+    o = opening(ma, args.token)
+    print(f'it opens on layer {o["layer"]}, head {o["head"]}: the head explain ranks first for '
+          f'"{ma.tokens[o["token"]]}" (token {o["token"]}), pinned')
     return 0

@@ -13,7 +13,11 @@ import numpy as np
 from attnlab.capture import ModelAttention, check_capture
 from attnlab.errors import AttnlabError, fmt_shape
 from attnlab.explain.attention_flow import rollout
-from attnlab.explain.head_statistics import head_stats, rules_text
+from attnlab.explain.head_statistics import head_stats, looks_special, rules_text
+from attnlab.explain.token import find_word, focus_of, rank_heads
+
+#: the word a page opens on when none is asked for and the text has it (the README's sentence)
+OPENING_WORD = "it"
 
 
 @dataclass
@@ -24,7 +28,9 @@ class PagePayload:
     (see `ModelAttention`); `tokens` are the L queries', `key_tokens` the S keys' when they
     differ (cross-attention); `layer_ids` / `head_ids` the model's numbers of the drawn layers
     and heads when they are a selection; `head_stats` {"stats", "labels", "rules"} and `rollout`
-    (L, L) for a self-attention, else None."""
+    (L, L) for a self-attention, else None. `opening` ({"layer", "head", "token"}, drawn
+    indices) is where the page opens: the head `explain` ranks first for one token, that token
+    pinned (None for a cross-attention)."""
 
     model: str
     text: str | None
@@ -44,6 +50,7 @@ class PagePayload:
     bias: np.ndarray | None
     head_stats: dict | None
     rollout: np.ndarray | None
+    opening: dict | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -59,8 +66,11 @@ class PagePayload:
 
 
 def page_payload(ma: ModelAttention, text: str | None = None, *, layer_ids=None,
-                 head_ids=None) -> PagePayload:
-    """Everything the page draws for `ma`; `text` is the input as typed (the page's title)."""
+                 head_ids=None, token: str | int | None = None,
+                 special=None) -> PagePayload:
+    """Everything the page draws for `ma`; `text` is the input as typed (the page's title);
+    `token` the word the page opens on (see `opening`); `special` the model's special tokens
+    (default: the usual spellings, [CLS], <s>...)."""
     n_layers, H, L, S = check_capture(ma)
     have_qkv = ma.queries is not None and ma.keys is not None and ma.values is not None
     query_tokens = getattr(ma, "query_tokens", None)
@@ -85,7 +95,28 @@ def page_payload(ma: ModelAttention, text: str | None = None, *, layer_ids=None,
         head_stats=_head_stats(ma) if query_tokens is None else None,
         # self-attention: attention rollout through every layer, heads averaged
         rollout=rollout(weights) if L == S else None,
+        opening=opening(ma, token, special) if query_tokens is None else None,
     )
+
+
+def opening(ma: ModelAttention, token: str | int | None = None, special=None) -> dict:
+    """Where a page opens for a self-attention capture: {"layer", "head", "token"}, the head
+    `attnlab explain` ranks first for `token` (a word of the text or an index; None: "it" when
+    the text has it, else its first ordinary token), with that token pinned. Raises
+    AttnlabError when a given `token` is not in the text."""
+    names = (frozenset(t for t in ma.tokens if looks_special(t)) if special is None
+             else frozenset(special))
+    if token is None:
+        try:
+            pieces = find_word(ma.tokens, OPENING_WORD)
+        except AttnlabError:
+            plain = [i for i, t in enumerate(ma.tokens) if t not in names]
+            pieces = [plain[0] if plain else 0]
+    else:
+        pieces = find_word(ma.tokens, token)
+    focus = focus_of(ma, pieces)
+    layer, head, _, _ = rank_heads(ma, focus, names)[0]
+    return {"layer": int(layer), "head": int(head), "token": int(focus)}
 
 
 def _ids(name: str, ids, n: int) -> list[int] | None:

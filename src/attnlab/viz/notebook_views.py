@@ -204,7 +204,10 @@ def _show(view: str, attention, tokens, sentence_b_start, prettify_tokens, layer
         _check_size(ma, name, view)
         if layer is not None and "layer" not in opening:
             opening["layer"] = _opening_index("layer", layer, lids, ma.n_layers, "layers")
-        if view == "head" and "heads" not in opening:  # bertviz: the heads shown (None: all)
+        chose = layer is not None or _none_if_empty(heads) is not None
+        # nothing chosen: the page opens on the head explain ranks first for "it" (or the first
+        # word), pinned; else bertviz's: the heads shown (None: all)
+        if view == "head" and "heads" not in opening and chose:
             picked = _positions("heads", _none_if_empty(heads), ma.n_heads, "heads")
             if picked:
                 opening["head"] = picked[0]

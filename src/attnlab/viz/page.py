@@ -40,14 +40,16 @@ THEMES = ("light", "dark")
 
 def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bool = False,
               opening: dict[str, int | str] | None = None, *, data: dict | None = None,
-              theme: str = "light") -> str:
+              theme: str = "light", token: str | int | None = None) -> str:
     """The page for one capture (`ma`), for a ready `data` (a `payload` or a `document` of
     several), or the web app's page (`app=True`, data fetched later); `opening` is where it opens,
-    as a link's #fragment says it ({"view": "model", "layer": 2}); `theme` "light" or "dark"."""
+    as a link's #fragment says it ({"view": "model", "layer": 2}), by default the head `explain`
+    ranks first for `token` (default "it" when the text has it), pinned; `theme` "light" or
+    "dark"."""
     if theme not in THEMES:
         raise AttnlabError(f'theme: expected "light" or "dark", got {theme!r}')
     if ma is not None:
-        data = payload(ma, text)
+        data = payload(ma, text, token=token)
     title = ""
     if data is not None:
         title = text or " ".join((data["sets"][0] if "sets" in data else data)["tokens"])
@@ -60,8 +62,10 @@ def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bo
         data=None if data is None else ("attn-data", data), connect=_connect(app))
 
 
-def write_page(ma: ModelAttention, path, text: str | None = None) -> Path:
-    """Write the self-contained page for `ma` to `path` (UTF-8); returns the path."""
+def write_page(ma: ModelAttention, path, text: str | None = None,
+               token: str | int | None = None) -> Path:
+    """Write the self-contained page for `ma` to `path` (UTF-8), opening on `token` (see
+    `page_html`); returns the path."""
     path = Path(path)
-    path.write_text(page_html(ma, text), encoding="utf-8")
+    path.write_text(page_html(ma, text, token=token), encoding="utf-8")
     return path

@@ -623,10 +623,30 @@
     else if (state.view === "heads") drawHeads();
     else drawHead();
   }
+  // the keys a link or the page's data-open set: on the first data they win over the data's
+  // own opening (the head explain ranks first for one token, that token pinned)
+  var explicit = {};
+  function applyOpening(d) {
+    var o = d.opening;
+    if (!o) return;
+    // a link or caller that chose a layer, head or token chose what to show: all or nothing
+    var chosen = ["layer", "head", "heads", "matrix", "token", "pin"].some(function (k) {
+      return explicit[k] === true;
+    });
+    if (chosen) return;
+    state.layer = o.layer;
+    state.head = o.head;
+    state.heads = [o.head];
+    state.token = o.token;
+    state.pinned = o.token;
+  }
   function show(raw) {  // one capture's payload, or a document of several with its choices
     if (state.data !== null) state.pinned = null;  // a new sentence: the old pin means nothing
     state.sets = (raw.sets || [raw]).map(load);
     state.choices = raw.choices || [{ name: "", set: 0 }];
+    var first = state.choices[Math.min(state.choice, state.choices.length - 1)];
+    applyOpening(state.sets[first.set]);
+    explicit = {};  // the app's next sentence opens on its own
     fill($("filter"), state.choices.length, function (k) { return state.choices[k].name; });
     $("filter-label").hidden = state.choices.length < 2;
     state.data = null;
@@ -742,7 +762,9 @@
     $("head").addEventListener("change", function () {
       state.head = +this.value; state.heads = [state.head]; state.matrix = null; render();
     });
-    $("token").addEventListener("change", function () { state.token = +this.value; render(); });
+    $("token").addEventListener("change", function () {  // the head view pins the chosen one
+      state.token = +this.value; state.pinned = state.token; render();
+    });
     $("stat").addEventListener("change", function () { state.stat = this.value; render(); });
     $("filter").addEventListener("change", function () { choose(+this.value); });
     document.querySelectorAll(".tab").forEach(function (b) {
@@ -756,6 +778,7 @@
     var opening = (document.body.getAttribute("data-open") || "") + "&" + location.hash.slice(1);
     opening.split("&").forEach(function (kv) {
       var k = kv.split("=")[0], v = kv.split("=")[1];
+      if (k) explicit[k] = true;
       if (k === "view" && ["head", "model", "step", "heads"].indexOf(v) >= 0) state.view = v;
       else if (k === "stat" && /^[a-z_]+$/.test(v)) state.stat = v;
       else if (k === "matrix" && v === "rollout") state.matrix = v;
