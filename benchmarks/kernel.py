@@ -151,8 +151,12 @@ def useful_flops(case: Case, c: Config) -> float:
 
 
 def attn_fn(case: Case, q, k, v, bwd: bool):
+    """The kernel (backend "interval"), or with ATTNLAB_KERNEL=0 the chunk loop ("tiled")."""
+    from attnlab.ops.kernels import build
+
     def f():
-        out = attnlab.attention(q, k, v, mask=case.mask, backend="tiled")
+        backend = "interval" if build.enabled() else "tiled"  # the env read at each call
+        out = attnlab.attention(q, k, v, mask=case.mask, backend=backend)
         if bwd:
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     return f

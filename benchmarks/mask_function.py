@@ -8,7 +8,7 @@ masks.from_function(fn) classifies its tiles by evaluating fn on every pair once
 the steady-state ratio should be ~1. The table gives both steady-state times on the tiled loop
 (medians; the three are timed in turn in each repeat, after one warm-up call each that also fills
 the caches; ATTNLAB_KERNEL=0 so the built-in is not sent to the interval kernel), their ratio,
-the built-in on the interval kernel (what backend="tiled" runs for it by default) for reference,
+the built-in on the interval kernel (backend="interval", what "auto" runs for it) for reference,
 and the one-off cost of the classification.
 """
 
@@ -89,8 +89,8 @@ def run(cfg: Config) -> list[tuple]:
                                 ("interval", builtin, "1")):
             xs = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
 
-            def step(m=m, xs=xs, mode=mode):
-                out = attnlab.attention(*xs, mask=m, backend="tiled")
+            def step(m=m, xs=xs, mode=mode, backend="tiled" if kernel == "0" else "interval"):
+                out = attnlab.attention(*xs, mask=m, backend=backend)
                 if mode == "fwd+bwd":
                     out.sum().backward()
 

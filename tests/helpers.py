@@ -118,3 +118,39 @@ def load_script(name: str):
         yield mod
     finally:
         del sys.modules[spec.name]
+
+
+def wrap_backends(monkeypatch, wrap) -> None:
+    """Every backend's forward (and checked forward) f replaced by wrap(name, f) for one test."""
+    import dataclasses
+
+    from attnlab.ops import backends
+
+    for name, b in list(backends.REGISTRY.items()):
+        checked = None if b.checked is None else wrap(name, b.checked)
+        monkeypatch.setitem(backends.REGISTRY, name,
+                            dataclasses.replace(b, forward=wrap(name, b.forward), checked=checked))
+
+
+def spy_backends(monkeypatch) -> list[str]:
+    """The names of the backends that run, one entry per forward (or checked forward) call."""
+    ran: list[str] = []
+
+    def wrap(name, f):
+        return lambda p, need_lse: ran.append(name) or f(p, need_lse)
+
+    wrap_backends(monkeypatch, wrap)
+    return ran
+
+
+def backend_names(*, without: tuple[str, ...] = ("flex",)) -> list[str]:
+    """The backend names from the one list (`attnlab.BACKENDS`), less `without` (default "flex":
+    torch compiles it, so its own tests run it); "interval" only where the kernel runs here (a
+    compiler or a prebuilt library, and not ATTNLAB_KERNEL=0)."""
+    import attnlab
+    from attnlab.ops import kernels
+
+    names = [b for b in attnlab.BACKENDS if b not in without]
+    if "interval" in names and not kernels.available():
+        names.remove("interval")
+    return names

@@ -9,7 +9,9 @@ import torch
 import attnlab
 from attnlab import masks
 
-BACKENDS = ["auto", "sdpa", "math", "tiled", "reference"]
+from helpers import backend_names
+
+BACKENDS = backend_names()
 SHAPES = [  # (B, H, Hkv, L, S)
     (2, 0, 0, 5, 6),
     (0, 3, 3, 5, 6),

@@ -1,6 +1,7 @@
-"""attnlab.attention with the interval kernel wired in: "auto" and "tiled" run it for every
-interval-shaped call and say so; other calls keep their paths; and the kernel path equals the
-PyTorch path (ATTNLAB_KERNEL=0) on the same calls."""
+"""attnlab.attention with the interval kernel wired in as backend "interval": "auto" runs it for
+every interval-shaped call and says so; forcing it where it cannot run says why; other calls keep
+their paths ("tiled" is the chunk loop); and the kernel path equals the PyTorch path
+(ATTNLAB_KERNEL=0) on the same calls."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.ops import dispatch, kernels
+from attnlab.errors import AttnlabError
+from attnlab.ops import kernels
 from attnlab.ops.api import attention_with_weights
 from interval_cases import isa_params, need_compiler
 
-from helpers import assert_close, qkv
+from helpers import assert_close, qkv, spy_backends
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +43,7 @@ def sel(L, S=None, **kw):
 ])
 def test_auto_names_the_kernel_for_interval_calls(kw):
     c = sel(64, **kw)
-    assert c.backend == "tiled" and "interval kernel" in c.reason
+    assert c.backend == "interval" and "interval kernel" in c.reason
     assert kernels.status().isa in c.reason
 
 
@@ -79,18 +81,42 @@ def test_off_switch_restores_the_old_choice(monkeypatch):
     assert "interval kernel" not in sel(64, mask=masks.sliding_window(8)).reason
 
 
-def test_forced_tiled_runs_the_kernel(monkeypatch):
+def test_forced_interval_runs_the_kernel_and_tiled_the_loop(monkeypatch):
+    from attnlab.ops import tiled
     from attnlab.ops.kernels import kernel
 
     calls = []
-    real = kernel.IntervalAttention.apply
+    real, loop = kernel.IntervalAttention.apply, tiled.TiledAttention.apply
     monkeypatch.setattr(kernel.IntervalAttention, "apply",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+                        lambda *a, **kw: calls.append("kernel") or real(*a, **kw))
+    monkeypatch.setattr(tiled.TiledAttention, "apply",
+                        lambda *a, **kw: calls.append("loop") or loop(*a, **kw))
     q, k, v = qkv(1, 2, 2, 50, 50, 8)
-    attnlab.attention(q, k, v, mask=masks.sliding_window(5), backend="tiled")
-    assert calls == [1]
+    a = attnlab.attention(q, k, v, mask=masks.sliding_window(5), backend="interval")
+    assert calls == ["kernel"]
+    b = attnlab.attention(q, k, v, mask=masks.sliding_window(5), backend="tiled")
+    assert calls == ["kernel", "loop"]
+    assert_close(a, b, atol=1e-5)
     attnlab.attention(q, k, v, mask=~masks.causal(), backend="tiled")  # not intervals
-    assert calls == [1]
+    assert calls == ["kernel", "loop", "loop"]
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"mask": ~masks.causal()}, r"^mask: .*one interval; ~causal"),
+    ({"attn_mask": torch.ones(50, 50, dtype=torch.bool)}, r"^attn_mask: .*one interval"),
+    ({"mask": masks.causal(), "dropout_p": 0.1}, r"^dropout_p: .*no dropout; got 0.1"),
+    ({"score_mod": lambda s, b, h, i, j: s}, r"^score_mod: .*Python function"),
+    ({"dtype": torch.float64}, r"^dtype: .*float32, float16, bfloat16; got float64"),
+    ({"env": "0"}, r'^backend: "interval" is turned off \(ATTNLAB_KERNEL=0\)'),
+])
+def test_forced_interval_where_it_cannot_run_says_why(monkeypatch, kw, says):
+    kw = dict(kw)
+    if "env" in kw:
+        monkeypatch.setenv("ATTNLAB_KERNEL", kw.pop("env"))
+    q, k, v = qkv(1, 2, 2, 50, 50, 8, dtype=kw.pop("dtype", torch.float32))
+    with pytest.raises(AttnlabError, match=says):
+        attnlab.attention(q, k, v, backend="interval", **kw)
+    attnlab.attention(q, k, v, backend="tiled", **kw)  # the loop runs all of them
 
 
 CALLS = [
@@ -144,14 +170,10 @@ def test_any_rank_of_input(shape):
 
 
 def test_choice_runs_the_kernel_once(monkeypatch):
-    ran = []
-    for b, runner in list(dispatch.RUNNERS.items()):
-        monkeypatch.setitem(dispatch.RUNNERS, b,
-                            lambda p, lse, b=b, runner=runner, **kw: ran.append(b) or runner(
-                                p, lse, **kw))
+    ran = spy_backends(monkeypatch)
     q, k, v = qkv(1, 2, 2, 40, 40, 8)
     attnlab.attention(q, k, v, mask=masks.sliding_window(4))
-    assert ran == ["tiled"]
+    assert ran == ["interval"]
 
 
 def test_a_call_asks_for_the_kernel_and_its_intervals_once(monkeypatch):
@@ -214,7 +236,7 @@ def _spy(monkeypatch):
     return n
 
 
-@pytest.mark.parametrize("backend", ["auto", "tiled"])
+@pytest.mark.parametrize("backend", ["auto", "interval"])
 def test_the_kernel_checks_its_inputs_as_it_reads_them(monkeypatch, backend):
     """Finite inputs: one kernel run and no separate pass over q, k or v."""
     n = _spy(monkeypatch)
@@ -231,7 +253,7 @@ def test_poison_the_kernel_reads_is_cleaned_and_computed_again(monkeypatch, wher
     q, k, v = qkv(1, 2, 2, 90, 90, 16)
     m = masks.sliding_window(7) & masks.padding(key_lengths=[75])  # keys 75.. read by no row
     {"key": k, "value": v, "query": q}[where][0, 0, row, 3] = float("nan")
-    out = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    out = attnlab.attention(q, k, v, mask=m, backend="interval")
     assert n["runs"] == 2 and n["checks"] > 0
     want = attnlab.attention(q, k, v, mask=m, backend="math")
     assert torch.equal(out.isnan(), want.isnan())
@@ -247,7 +269,7 @@ def test_a_value_no_row_reads_needs_no_check_and_leaves_gradients_finite(monkeyp
     with torch.no_grad():
         v[0, :, 37] = float("nan")
     m = masks.padding(key_lengths=[35])
-    out = attnlab.attention(q, k, v, mask=m, backend="tiled")
+    out = attnlab.attention(q, k, v, mask=m, backend="interval")
     assert n["runs"] == 1 and bool(torch.isfinite(out).all())
     out.square().sum().backward()
     fq, fk, fv = (t.detach().nan_to_num().requires_grad_() for t in (q, k, v))

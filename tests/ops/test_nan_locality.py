@@ -12,9 +12,9 @@ import torch
 import attnlab
 from attnlab import masks
 
-from helpers import assert_close, qkv
+from helpers import assert_close, backend_names, qkv
 
-BACKENDS = ["auto", "sdpa", "math", "tiled", "reference"]
+BACKENDS = backend_names()
 
 
 def nan_rows(out: torch.Tensor) -> list[int]:

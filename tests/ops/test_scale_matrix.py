@@ -14,7 +14,7 @@ import torch
 import attnlab
 from attnlab import masks
 
-from helpers import SLACK, max_err, plain_attention, qkv
+from helpers import SLACK, backend_names, max_err, plain_attention, qkv
 
 SCALES = {"-1": -1.0, "-0.5": -0.5, "0": 0.0, "tiny": 1e-30, "huge": 1e4}
 MASKS = {
@@ -25,7 +25,7 @@ MASKS = {
     "padding": dict(mask=masks.padding(key_lengths=[30, 12], query_lengths=[33, 25])),
     "causal_doc": dict(is_causal=True, mask=masks.document(torch.arange(33) * 3 // 33)),
 }
-BACKENDS = ("auto", "sdpa", "math", "tiled", "reference")
+BACKENDS = backend_names()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,7 +10,7 @@ import attnlab
 from attnlab import masks
 from attnlab.errors import AttnlabError
 
-from helpers import assert_close, qkv
+from helpers import assert_close, backend_names, qkv, spy_backends
 
 
 def choice(L, S=None, **kw):
@@ -42,14 +42,9 @@ def test_choices(monkeypatch):
 ])
 def test_auto_runs_the_backend_select_backend_names(monkeypatch, name, L, S, kw):
     monkeypatch.setenv("ATTNLAB_KERNEL", "0")  # the PyTorch path's rule (kernel: test_interval_*)
-    from attnlab.ops import dispatch
-
     q, k, v = qkv(1, 2, 2, L, S, 8)
     assert attnlab.select_backend(q, k, v, **kw).backend == name
-    ran = []
-    for b, runner in list(dispatch.RUNNERS.items()):
-        monkeypatch.setitem(dispatch.RUNNERS, b,
-                            lambda p, lse, b=b, runner=runner: ran.append(b) or runner(p, lse))
+    ran = spy_backends(monkeypatch)
     attnlab.attention(q, k, v, **kw)
     assert ran == [name]
 
@@ -74,7 +69,7 @@ def test_auto_agrees_with_forced_backends(name):
     q, k, v = qkv(1, 4, 2, 700, 700, 16, seed=2)
     kw = dict(CASES[name], enable_gqa=True, return_lse=True)
     want, want_lse = attnlab.attention(q, k, v, backend="math", **kw)
-    for backend in ("auto", "tiled", "sdpa"):
+    for backend in backend_names(without=("flex", "reference", "math")):
         out, lse = attnlab.attention(q, k, v, backend=backend, **kw)
         assert_close(out, want, atol=2e-5, rtol=1e-4, what=f"{backend} out")
         assert_close(lse, want_lse, atol=2e-5, rtol=1e-5, what=f"{backend} lse")

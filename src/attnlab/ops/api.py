@@ -58,9 +58,14 @@ def attention(
         return_lse: also return the log-sum-exp of each query row, (..., H, L), float32 for
             fp16/bf16 inputs; differentiable on every backend but "reference" (a row with
             nothing to attend: lse -inf and zero gradient).
-        backend: "auto" (fastest exact path; see `attnlab.select_backend`), "sdpa", "math",
-            "tiled" (online softmax over tiles, skips masked-out tiles, memory linear in L), or
-            "reference" (NumPy float64, no autograd).
+        backend: "auto" (the fastest exact path; `attnlab.select_backend` says which and why),
+            or one forced: "sdpa" (PyTorch's fused kernel), "interval" (the compiled CPU kernel
+            for calls whose rows each attend one key interval: no mask, causal, windows,
+            documents, prefix-LM, padding and their `&`; float32/float16/bfloat16), "tiled"
+            (online softmax over key chunks, skips masked-out tiles, any mask, memory linear
+            in L), "math" (plain PyTorch, full score matrix), "reference" (NumPy float64, no
+            autograd) or "flex" (PyTorch's FlexAttention). A forced backend that cannot run
+            the call raises an AttnlabError saying why.
         softcap: tanh soft-capping of the scaled scores, softcap · tanh(s / softcap) (Gemma 2),
             applied before any bias or mask.
         alibi_slopes: (H,) ALiBi slopes; adds slope_h · (j - i) to head h's scores. Only the
@@ -95,7 +100,15 @@ def attention(
 def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False, *, mask=None, return_lse=False, softcap=None,
                    alibi_slopes=None, score_mod=None) -> dispatch.Choice:
-    """Which backend `attention(..., backend="auto")` would run for these inputs, and why."""
+    """Which backend `attention(..., backend="auto")` would run for these inputs, and why.
+
+    Returns a Choice(backend, reason), backend one of `attnlab.BACKENDS` but "auto": on the CPU
+    "interval" (the compiled kernel: an interval-shaped mask, softcap/ALiBi or the lse, where it
+    is built and not turned off by ATTNLAB_KERNEL=0), "sdpa" (no mask, top-left causal, small or
+    dense masks), "tiled" (score_mod, masks that leave tiles empty or are too long for a dense
+    mask), "math" (a float attn_mask that needs a gradient, empty inputs); on CUDA "sdpa",
+    "flex" or "math". "reference" is never chosen: it is the oracle.
+    """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                      mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
     return dispatch.choose(p, need_lse=return_lse)

@@ -1,29 +1,20 @@
-"""Backend registry and the "auto" choice.
+"""The "auto" choice, and running a backend.
 
-`select_backend` tells which backend a call would use and why, so the choice can be inspected;
-`backend=` on the public op forces one.
+`choose` is the one ordered table "auto" follows; `select_backend` tells which backend a call
+would use and why, so the choice can be inspected; `backend=` on the public op forces one, and
+`run` refuses a forced backend that cannot run the call with its reason (`backends.py`: each
+backend's forward and why-not).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.ops import (
-    budget,
-    flex,
-    fused_cpu,
-    nonfinite,
-    nonfinite_device,
-    numpy_ref,
-    plain,
-    sdpa,
-    tiled,
-)
-from attnlab.ops.kernels import runner as interval
+from attnlab.ops import budget, flex, fused_cpu, nonfinite, nonfinite_device, plain, tiled
+from attnlab.ops.backends import REGISTRY, interval_why_not, mask_grad, sdpa_on_math
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -45,23 +36,25 @@ HUGE_SCORES = 8192 * 8192
 def choose(p: Problem, need_lse: bool) -> Choice:
     """The backend "auto" runs for this problem.
 
-    The rule comes from `benchmarks/attention.py` on a CPU: PyTorch's fused kernel is fastest
-    where its semantics match (no mask, top-left causal); the tiled kernel wins as soon as a
-    structured mask leaves tiles empty, and is the only path whose memory stays linear in L.
+    The rule comes from `benchmarks/attention.py` and `benchmarks/kernel.py` on a CPU: the
+    interval kernel wins wherever it runs and there is something to skip or fuse (a structured
+    mask, softcap/ALiBi, the lse); otherwise PyTorch's fused kernel is fastest where its
+    semantics match (no mask, top-left causal); the tiled loop wins as soon as a structured mask
+    leaves tiles empty, and is the only other path whose memory stays linear in L.
     """
     d = p.dims
     if _empty(p):
         return Choice("math", "empty input: nothing to compute")
     if on_device(p):
         return _choose_device(p, need_lse)
-    if _mask_grad(p):
+    if mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
-    if p.score_mod is not None:
-        return Choice("tiled", "score_mod: the tiled kernel's plain path calls it on each chunk "
-                               "(forward and backward); the fused and interval kernels cannot")
     if (p.structured is not None or p.has_modifiers or need_lse) and _interval(p):
-        return Choice("tiled", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
-                               f"({_isa()}) computes only each row's key interval")
+        return Choice("interval", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
+                                  f"({_isa()}) computes only each row's key interval")
+    if p.score_mod is not None:
+        return Choice("tiled", "score_mod: the tiled loop's plain path calls it on each chunk "
+                               "(forward and backward); the fused and interval kernels cannot")
     if p.has_modifiers:
         return Choice("tiled", "softcap/ALiBi: the fused kernel cannot apply them")
     if need_lse and not fused_cpu.applies(p):
@@ -92,7 +85,7 @@ def _choose_device(p: Problem, need_lse: bool) -> Choice:
     """The "auto" choice on CUDA: SDPA (flash / cuDNN / efficient) where it expresses the call
     exactly (no mask, top-left causal, a dense attn_mask), compiled FlexAttention for structured
     masks, mask functions, score_mods and the lse, which SDPA's CUDA kernels don't return."""
-    if _mask_grad(p):
+    if mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     flexible = p.has_modifiers or (p.structured is not None and not p.is_plain_causal)
     if p.dropout_p > 0:
@@ -140,44 +133,11 @@ def _isa() -> str:
 
 
 def _interval(p: Problem) -> bool:
-    """The interval kernel runs this call (never one with a score_mod: it cannot call it)."""
-    return p.score_mod is None and interval.applies(p)
+    """The interval kernel runs this call (`backends.interval_why_not` says why not)."""
+    return interval_why_not(p, False) is None
 
 
-def _run_tiled(p: Problem, need_lse: bool, verify: bool = False):
-    """Backend "tiled": the interval kernel for interval-shaped calls, else the tiled loop.
-    verify: the kernel checks its inputs for NaN/Inf as it reads them; None if it finds one."""
-    if _interval(p):
-        return interval.forward(p, need_lse, verify=verify)
-    return tiled.forward(p, need_lse)
-
-
-def _run_sdpa(p: Problem, need_lse: bool):
-    if _sdpa_math(p, need_lse):
-        return plain.forward(p)  # the same numbers, with what the kernel can't do here
-    return sdpa.forward(p, need_lse=need_lse)
-
-
-def _sdpa_math(p: Problem, need_lse: bool) -> bool:
-    """Backend "sdpa" computes this call on the math path: softcap/ALiBi, or an lse the fused
-    kernel can't return here (or not with a float attn_mask that needs a gradient)."""
-    return p.has_modifiers or (need_lse and (not fused_cpu.applies(p) or _mask_grad(p)))
-
-
-def _mask_grad(p: Problem) -> bool:
-    """A float attn_mask that autograd tracks: only the math path gives its gradient."""
-    return p.attn_mask is not None and p.attn_mask.requires_grad and torch.is_grad_enabled()
-
-
-#: backend name -> runner(problem, need_lse) -> (out, lse or None)
-RUNNERS: dict[str, Callable[[Problem, bool], tuple]] = {
-    "sdpa": _run_sdpa,
-    "math": lambda p, need_lse: plain.forward(p),
-    "tiled": _run_tiled,
-    "reference": lambda p, need_lse: numpy_ref.forward(p),
-    "flex": flex.forward,
-}
-BACKENDS = ("auto", *RUNNERS)
+BACKENDS = ("auto", *REGISTRY)
 
 
 def run(name: str, p: Problem, need_lse: bool, *, clean_always: bool = False):
@@ -191,22 +151,24 @@ def run(name: str, p: Problem, need_lse: bool, *, clean_always: bool = False):
         name = choose(p, need_lse).backend
     if _empty(p):
         return plain.forward(p)  # empty in, empty out: the same on every backend
+    backend = REGISTRY[name]
+    why = backend.why_not(p, need_lse)
+    if why is not None:
+        raise AttnlabError(why)
     _check_budget(name, p, need_lse)
     if on_device(p):  # no host syncs on a device; a NaN query row is NaN through the kernel
         p, bad = nonfinite_device.clean(p)
-        out, lse = RUNNERS[name](p, need_lse)
+        out, lse = backend.forward(p, need_lse)
         if bad is not None:
             out, lse = nonfinite_device.poison(p, bad, out, lse)
         return out, lse
-    if name == "tiled" and _interval(p):
-        # the interval kernel checks what it reads as it runs, so no separate pass reads q, k
-        # and v first (7% of a window's forward at 16k); NaN/Inf found: cleaned, computed again
-        got = RUNNERS[name](p, need_lse, verify=True)
+    if backend.checked is not None:  # it checks what it reads as it runs: no separate pass
+        got = backend.checked(p, need_lse)
         if got is not None:
-            return got
+            return got  # else NaN/Inf found: cleaned and computed again
     p, bad = nonfinite.clean(p, always=clean_always)
     p, bad_q = nonfinite.clean_queries(p)
-    out, lse = RUNNERS[name](p, need_lse)
+    out, lse = backend.forward(p, need_lse)
     if bad is not None:
         out, lse = nonfinite.poison(p, bad, out, lse)
     if bad_q is not None:
@@ -228,7 +190,7 @@ def _check_budget(name: str, p: Problem, need_lse: bool) -> None:
     if name == "reference":
         budget.check("backend", '"reference" (NumPy float64)', scores, n * (6 * 8 + 1),
                      fits)
-    elif name == "math" or (name == "sdpa" and _sdpa_math(p, need_lse)):
+    elif name == "math" or (name == "sdpa" and sdpa_on_math(p, need_lse)):
         what = f'"{name}"' + (" (on the math path here)" if name == "sdpa" else "")
         grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (p.query, p.key, p.value, p.attn_mask))

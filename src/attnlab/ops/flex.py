@@ -60,19 +60,27 @@ def _kernel(compile_it: bool):
     return torch.compile(flex_attention, dynamic=False) if compile_it else flex_attention
 
 
-def forward(p: Problem, need_lse: bool):
-    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32 or None)."""
+def why_not(p: Problem, need_lse: bool = False) -> str | None:
+    """Why FlexAttention cannot run this call (None: it can)."""
     if not available():
-        raise AttnlabError('backend: "flex" needs torch >= 2.5 (torch.nn.attention.flex_attention)')
+        return 'backend: "flex" needs torch >= 2.5 (torch.nn.attention.flex_attention)'
     if p.dropout_p > 0:
-        raise AttnlabError('dropout_p: backend "flex" has no dropout (FlexAttention has none); '
-                           'pass dropout_p=0 or use backend="tiled"')
-    d, dev = p.dims, p.query.device
+        return ('dropout_p: backend "flex" has no dropout (FlexAttention has none); '
+                'pass dropout_p=0 or use backend="tiled"')
     grad = torch.is_grad_enabled() and (
         any(x.requires_grad for x in (p.query, p.key, p.value)) or bool(captured.of(p)))
-    if dev.type == "cpu" and grad:
-        raise AttnlabError('backend: "flex" on CPU has no backward (torch compiles FlexAttention '
-                           'for inference only there); use backend="tiled" to train on CPU')
+    if p.query.device.type == "cpu" and grad:
+        return ('backend: "flex" on CPU has no backward (torch compiles FlexAttention '
+                'for inference only there); use backend="interval" or "tiled" to train on CPU')
+    return None
+
+
+def forward(p: Problem, need_lse: bool):
+    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32 or None)."""
+    why = why_not(p, need_lse)
+    if why is not None:
+        raise AttnlabError(why)
+    d, dev = p.dims, p.query.device
     B = 1
     for n in d.batch:
         B *= n

@@ -10,23 +10,26 @@ from attnlab.ops import captured, scores
 from attnlab.ops.problem import Problem
 
 
-def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+def why_not(p: Problem, need_lse: bool = True) -> str | None:
+    """Why the oracle cannot run this call (None: it can)."""
     if torch.is_grad_enabled() and any(x.requires_grad for x in (p.query, p.key, p.value)):
-        raise AttnlabError(
-            'backend: "reference" computes in NumPy and has no gradients; use backend="math" '
-            "or run under torch.no_grad()"
-        )
+        return ('backend: "reference" computes in NumPy and has no gradients; use backend="math" '
+                "or run under torch.no_grad()")
     if captured.of(p):
-        raise AttnlabError(
-            'score_mod: reads tensors that need a gradient, and backend "reference" computes in '
-            'NumPy with no gradients; use backend="math" or run under torch.no_grad()'
-        )
+        return ('score_mod: reads tensors that need a gradient, and backend "reference" computes '
+                'in NumPy with no gradients; use backend="math" or run under torch.no_grad()')
     if p.dropout_p > 0:
-        raise AttnlabError('dropout_p: backend "reference" is deterministic; pass dropout_p=0')
+        return 'dropout_p: backend "reference" is deterministic; pass dropout_p=0'
     if p.softcap is not None or p.alibi_slopes is not None:
-        raise AttnlabError(
-            'backend: "reference" has no softcap/alibi_slopes; use backend="math" in float64'
-        )
+        return 'backend: "reference" has no softcap/alibi_slopes; use backend="math" in float64'
+    return None
+
+
+def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L)), computed in float64."""
+    why = why_not(p)
+    if why is not None:
+        raise AttnlabError(why)
     allowed, bias = p.dense_masks()
     if p.score_mod is not None:
         bias = _score_mod_bias(p, bias)

@@ -2,8 +2,8 @@
 
 A call is interval-shaped when every query row attends one key interval: a structured mask whose
 `intervals` exist (causal, windows, documents, prefix-LM, padding, their `&`), or no mask at all;
-no dense `attn_mask`, no dropout, a float32/float16/bfloat16 CPU input. Backends "auto" and
-"tiled" run such calls here when the kernel is available (`dispatch.py`).
+no dense `attn_mask`, no dropout, a float32/float16/bfloat16 CPU input. Backend "interval" runs
+such calls here (and "auto" picks it) when the kernel is available (`ops/backends.py`).
 """
 
 from __future__ import annotations
