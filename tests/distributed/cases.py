@@ -56,6 +56,7 @@ def exact_cases() -> list[dict]:
         c.setdefault("nan", False)
         c.setdefault("slow", False)
         c.setdefault("scale", None)
+        c.setdefault("warm", False)
         cases.append(c)
 
     for P in (1, 2, 3, 4):
@@ -95,6 +96,16 @@ def exact_cases() -> list[dict]:
                     lay = "striped" if mk in ("sliding", "combo") or P == 2 else "zigzag"
                     add(P=P, layout=lay, strategy=strategy, mask=mk, L=L, B=1, heads="mha1",
                         D=16, slow=L != 300)
+    # the band masks and function masks on the pair loop (fp64 never runs the interval kernel),
+    # blocks starting past position 0; "warm": rank 0 used the mask once on its own before
+    for mk in ("window", "block_causal", "block_diagonal", "ragged_causal", "function"):
+        for layout in ("zigzag", "contiguous"):
+            for strategy in ("ring", "allgather"):
+                add(P=2, layout=layout, strategy=strategy, mask=mk, L=29)
+    add(P=2, layout="zigzag", strategy="ring", mask="function_bh", L=29, heads="mha")
+    add(P=3, layout="striped", strategy="allgather", mask="function", L=29)
+    add(P=2, layout="zigzag", strategy="ring", mask="block_causal", L=29, warm=True)
+    add(P=2, layout="zigzag", strategy="ring", mask="function", L=29, warm=True)
     for scale in (-0.5, 0.0):  # PyTorch's fused causal kernel is NaN for these alone
         for strategy in STRATEGIES:
             add(P=2, layout="zigzag", strategy=strategy, mask="causal", L=29, scale=scale)
@@ -104,7 +115,8 @@ def exact_cases() -> list[dict]:
     for i, c in enumerate(cases):
         c["id"] = (f"P{c['P']}-{c['layout']}-{c['strategy']}-{c['mask']}-L{c['L']}-"
                    f"{c['heads']}-D{c['D']}-{c['dtype']}" + ("-nan" if c["nan"] else "")
-                   + ("" if c["scale"] is None else f"-scale{c['scale']:g}"))
+                   + ("" if c["scale"] is None else f"-scale{c['scale']:g}")
+                   + ("-warm" if c["warm"] else ""))
         c["seed"] = i
     return cases
 
@@ -134,6 +146,8 @@ def run_case(c: dict, group, rank: int) -> dict:
         v64 = v64.masked_fill(dead, float("nan"))
     kw = dict(mask=mask, is_causal=is_causal, enable_gqa=Hkv != H, scale=c["scale"])
     lay = c["layout"]
+    if c["warm"] and rank == 0:  # the mask used once on this rank alone (its caches filled)
+        attnlab.attention(q64, k64, v64, mask=mask, enable_gqa=Hkv != H)
     # ulysses: attnlab.attention's lse carries no gradient; the plain implementation has no lse
     big = L > 256  # the math backend's L×S buffers would be large: use the default one, no lse
     use_lse = c["strategy"] != "ulysses" and dtype == torch.float64 and not big
@@ -273,6 +287,16 @@ def run_error_cases(rank: int, world: int, groups) -> dict:
     res["scale_mismatch"] = _catch(call(scale=0.5 if rank == 1 else None))
     doc = torch.tensor([0] * 8 + [1] * 8) if rank != 3 else torch.tensor([0] * 9 + [1] * 7)
     res["mask_mismatch"] = _catch(call(mask=masks.document(doc)))
+    width = 6 if rank == 3 else 5  # function masks compare by what they do, not their repr
+    res["function_mismatch"] = _catch(call(mask=masks.from_function(
+        lambda b, h, q, k: (q - k >= 0) & (q - k < width))))
+
+    def fails_on_rank_2(b, h, q, k):
+        if rank == 2:
+            raise ValueError("rank 2's function fails")
+        return q >= k
+
+    res["function_raises"] = _catch(call(mask=masks.from_function(fails_on_rank_2)))
     bad = xs[..., :4] if rank == 1 else xs  # one rank's bad input: every rank raises
     res["one_bad_rank"] = _catch(
         lambda: cp.context_parallel_attention(xs, bad, xs, group=g, strategy="ring"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import traceback
 
 import torch
 
@@ -24,7 +23,9 @@ GROUP_TIMEOUT_S = 30.0
 
 #: every mask kind a case can name; make_mask builds it for a given L and B
 MASK_KINDS = ("none", "causal", "sliding", "sliding64", "document", "document3", "docshard",
-              "padding", "prefix", "combo", "window_or_prefix", "not_window", "window_and_doc")
+              "padding", "prefix", "combo", "window_or_prefix", "not_window", "window_and_doc",
+              "window", "block_causal", "block_diagonal", "ragged_causal", "function",
+              "function_bh")
 
 
 def subgroups(world: int, timeout_s: float = GROUP_TIMEOUT_S, smallest: int = 1):
@@ -62,15 +63,18 @@ def case_ranks(case, results) -> list:
 
 
 def run_each(cases, run_case, groups, rank: int) -> dict:
-    """{case id: run_case(case, group)} of every case that includes this rank; a case that raises
-    returns {"error": traceback} (reported by the test that reads it) instead of stopping."""
+    """{case id: run_case(case, group)} of every case that includes this rank. A case that raises
+    stops this rank at once, naming the case (`spawn` then stops the group and reports this
+    rank's traceback): going on to the next case would leave the peers waiting in this case's
+    transfers until the group's timeout, or pair their transfers with the next case's."""
     out = {}
     for c in cases:
         if rank < c["P"]:
             try:
                 out[c["id"]] = run_case(c, groups[c["P"]])
-            except Exception:
-                out[c["id"]] = {"error": traceback.format_exc(limit=3)}
+            except Exception as e:
+                raise RuntimeError(f"case {c['id']} failed on rank {rank}: "
+                                   f"{type(e).__name__}: {e}"[:2000]) from e
     return out
 
 
@@ -106,6 +110,21 @@ def make_mask(kind: str, L: int, B: int = 2):
         return ~masks.sliding_window(9), True
     if kind == "window_and_doc":
         return masks.sliding_window(33) & masks.document(torch.arange(L) * 3 // L), False
+    if kind == "window":  # two-sided band
+        return masks.window(3, 2), False
+    if kind == "block_causal":  # packed sequences that cross shard boundaries
+        return masks.block_causal([L // 3, L // 4, L - L // 3 - L // 4]), False
+    if kind == "block_diagonal":  # packed sequences, a window on each one's own diagonal
+        return masks.block_diagonal([L // 2, L - L // 2], left=4, right=1), False
+    if kind == "ragged_causal":  # each batch element causal on its own real lengths
+        return masks.ragged_causal(query_lengths=[L, L - 3][:B],
+                                   key_lengths=[L, L - 5][:B]), False
+    if kind == "function":  # a sliding window of 5 as a function: a new lambda on every rank
+        return masks.from_function(lambda b, h, q, k: (q - k >= 0) & (q - k < 5)), False
+    if kind == "function_bh":  # a per-head window width (h + 2) as a function
+        heads_ = 4
+        return masks.from_function(lambda b, h, q, k: (q >= k) & (q - k < h + 2),
+                                   heads=heads_), False
     raise ValueError(kind)
 
 

@@ -23,6 +23,19 @@ def test_first_failing_rank_is_the_error_while_the_others_wait():
 
 
 @pytest.mark.slow
+def test_a_case_failing_on_one_rank_stops_the_group_at_once():
+    """A case of the harness that raises on one rank only: that rank stops, naming the case, and
+    the group goes down long before its 60 s timeout; before, the rank went on to case "b",
+    whose collective rank 0's case "a" then took for its own (a wrong pairing, no error)."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError, match="case a failed on rank 1: ValueError") as e:
+        spawn(workers.one_case_raises, 2, timeout_s=120, group_timeout_s=60)
+    assert e.value.rank == 1 and time.monotonic() - t0 < 40
+
+
+@pytest.mark.slow
 def test_a_rank_that_dies_is_named():
     with pytest.raises(SpawnError, match="rank 1 of 2 exited with code 3") as e:
         spawn(workers.one_exits, 2, timeout_s=120)

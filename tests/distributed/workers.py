@@ -25,6 +25,21 @@ def one_raises(rank: int, world: int):
     return cp.unshard(torch.tensor([float(rank)]), "contiguous", dim=0).tolist()
 
 
+def one_case_raises(rank: int, world: int):
+    """The harness's run_each: case "a" raises on rank 1 while rank 0 waits in its collective;
+    case "b" is a whole collective on both."""
+    import attnlab.distributed as cp
+    from distributed.harness import run_each, subgroups
+
+    def run_case(c, group):
+        if c["id"] == "a" and rank == 1:
+            raise ValueError("case a fails on rank 1 alone")
+        return cp.unshard(torch.tensor([float(rank)]), "contiguous", dim=0, group=group).tolist()
+
+    cases = [{"id": "a", "P": 2}, {"id": "b", "P": 2}]
+    return run_each(cases, run_case, subgroups(world, timeout_s=60.0, smallest=2), rank)
+
+
 def one_exits(rank: int, world: int):
     if rank == 1:
         os._exit(3)

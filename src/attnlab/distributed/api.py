@@ -41,7 +41,8 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
         layout: "zigzag" (balanced for causal masks), "contiguous" or "striped".
         strategy: "ring", "allgather", "ulysses", "hybrid" or "auto" (the cost model's pick;
             see `attnlab.distributed.explain`).
-        mask: a structured mask from `attnlab.masks` in *global* positions (L × S).
+        mask: a structured mask from `attnlab.masks` in *global* positions (L × S), the same on
+            every rank (a function mask is compared by what it does at L × S).
         is_causal, scale, enable_gqa, softcap: as `attnlab.attention`.
         return_lse: also return the log-sum-exp of each local row, (B, H, L_local).
         dropout_p: attention dropout on the weights, 0 <= p < 1 (survivors scaled by 1/(1 − p);
@@ -84,11 +85,16 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     m = cost.effective_mask(mask, is_causal)
     if m is not None:
         m.check(L, S)
+    fp = descs[0]["mask"]
+    if validate.by_behaviour(fp):  # a function inside: compare what the masks do at L × S
+        with comm.during(call_no, "argument check"):
+            fp = (validate.check_behaviour(mask, L, S, group, _device(query)), id(mask))
     B, H, _, D = query.shape
     Hkv, Dv = key.shape[1], value.shape[-1]
     # the call's signature: the same one plans once (geometry and estimates are pure functions
-    # of it; the mask enters by its fingerprint, a digest of every tensor inside it)
-    sig = (L, S, world, layout, descs[0]["mask"], bool(is_causal))
+    # of it; the mask enters by its fingerprint, a digest of its parameters; a mask compared by
+    # behaviour, by its identity too: the cached geometry holds it, so the id stays its own)
+    sig = (L, S, world, layout, fp, bool(is_causal))
     geom = _cached(sig, lambda: Geometry(L, S, world, layout, m))
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     c = Call(geom, group, rank, world, check_scale(scale, D), softcap, acc, float(dropout_p),

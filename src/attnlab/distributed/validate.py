@@ -24,25 +24,93 @@ from attnlab.masks import Mask
 BUF = 4096
 
 
+#: attribute values a mask made only of parameters holds (besides tensors and masks)
+PLAIN = (int, float, str, bool, type(None), torch.dtype)
+#: what `fingerprint` says of a mask holding a function (or any other object): its behaviour is
+#: compared once the global lengths are known (`behaviour`)
+BY_BEHAVIOUR = "compared by behaviour"
+#: query rows of a mask without per-row intervals that `behaviour` evaluates (all keys each)
+SAMPLE_ROWS = 256
+
+
 def fingerprint(mask: Mask | None) -> str | None:
-    """The mask's repr plus a digest of every tensor inside it (segment ids, lengths, ...)."""
+    """What the argument check compares of a mask before the global lengths are known: its kinds
+    (the tree of mask types), batch_size, heads, and a digest of its parameters (plain values
+    and every tensor's bytes) — attributes whose name starts with "_" are caches of what a rank
+    did with the mask, not what it is, and are left out. A mask that holds a function (or any
+    other object) ends in BY_BEHAVIOUR instead: `behaviour` compares what it does."""
     if mask is None:
         return None
     h = hashlib.sha1()
+    kinds: list[str] = []
+    by_behaviour = False
 
-    def walk(obj):
+    def walk(obj, depth):
+        nonlocal by_behaviour
+        kinds.append("  " * depth + type(obj).__name__)
         h.update(type(obj).__name__.encode())
         for name, val in sorted(vars(obj).items()):
+            if name.startswith("_"):
+                continue
             h.update(name.encode())
-            if isinstance(val, Mask):
-                walk(val)
-            elif isinstance(val, torch.Tensor):
-                h.update(_digest(val))
-            else:
-                h.update(repr(val).encode())
+            vals = val if isinstance(val, (tuple, list)) else [val]
+            for v in vals:
+                if isinstance(v, Mask):
+                    walk(v, depth + 1)
+                elif isinstance(v, torch.Tensor):
+                    h.update(_digest(v))
+                elif isinstance(v, PLAIN):
+                    h.update(repr(v).encode())
+                else:  # a function, or an object whose repr may hold its address
+                    by_behaviour = True
+                    h.update(b"?")
 
-    walk(mask)
-    return f"{mask!r}"[:160] + f" #{h.hexdigest()[:12]}"
+    walk(mask, 0)
+    tree = ",".join(k.strip() for k in kinds)[:160]
+    size = f"(Bm, Hm) = ({mask.batch_size}, {mask.heads})"
+    return f"{tree} {size} " + (BY_BEHAVIOUR if by_behaviour else f"#{h.hexdigest()[:12]}")
+
+
+def by_behaviour(fp: str | None) -> bool:
+    return fp is not None and fp.endswith(BY_BEHAVIOUR)
+
+
+def behaviour(mask: Mask, L: int, S: int) -> str:
+    """A digest of what the mask does on an L × S problem: its per-row key intervals where it has
+    them (exact, O(L)), else the mask on every query row against every key, beyond SAMPLE_ROWS
+    rows on SAMPLE_ROWS of them (the first, the last, evenly spaced and fixed pseudo-random
+    ones), and its batch_size and heads."""
+    h = hashlib.sha1(f"{L}x{S} {mask.batch_size} {mask.heads}".encode())
+    got = mask.intervals(L, S)
+    if got is not None:
+        for x in got:
+            h.update(_digest(x.contiguous()))
+        return f"intervals at {L}x{S} #{h.hexdigest()[:12]}"
+    rows = torch.arange(L)  # short: every row
+    if L > SAMPLE_ROWS:
+        g = torch.Generator().manual_seed(L * 1_000_003 + S)
+        n = SAMPLE_ROWS // 2
+        rows = torch.cat([torch.linspace(0, L - 1, n).round().long(),
+                          torch.randint(0, L, (n,), generator=g)]).unique()
+    cols = torch.arange(S)
+    per = max(1, (1 << 24) // max(1, mask.batch_size * mask.heads * S))
+    for r0 in range(0, len(rows), per):
+        blk = mask.block(rows[r0:r0 + per], cols, L, S)  # (Bm, Hm, r, S)
+        h.update(blk.contiguous().numpy().tobytes())
+    return f"{len(rows)} rows at {L}x{S} #{h.hexdigest()[:12]}"
+
+
+def check_behaviour(mask: Mask, L: int, S: int, group, device=None) -> str:
+    """`behaviour` of the mask on every rank, compared (one more small all-gather; every rank
+    raises alike when they differ or one rank's mask raised). Returns the digest."""
+    desc: dict = {"error": None, "mask": None}
+    try:
+        desc["mask"] = behaviour(mask, L, S)
+    except Exception as e:  # a function that raises: reported on every rank, none left waiting
+        desc["error"] = f"mask: evaluating it raised {type(e).__name__}: {e}"[:600]
+    descs = gather_descriptions(desc, group, device)
+    check_agreement(descs)
+    return descs[0]["mask"]
 
 
 #: the digests of the most recently fingerprinted tensors: id -> (weak reference, state, digest)
