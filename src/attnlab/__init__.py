@@ -25,6 +25,7 @@ _LAZY = {
     "Trace": "attnlab.tracing",
     "attention": "attnlab.ops",
     "attention_weights": "attnlab.ops",
+    "flex_attention": "attnlab.flex",
     "masks": "",
     "nn": "",
     "select_backend": "attnlab.ops",
@@ -38,6 +39,7 @@ __all__ = [
     "__version__",
     "attention",
     "attention_weights",
+    "flex_attention",
     "masks",
     "nn",
     "select_backend",
@@ -46,6 +48,7 @@ __all__ = [
 
 if _TYPE_CHECKING:
     from attnlab import masks, nn
+    from attnlab.flex import flex_attention
     from attnlab.ops import BACKENDS, attention, attention_weights, select_backend
     from attnlab.tracing import Trace, trace
 

@@ -1,0 +1,188 @@
+"""A torch BlockMask as an attnlab Mask: its blocks decide, its mask_mod fills in the partial ones.
+
+A BlockMask (from torch's `create_block_mask`, `BlockMask.from_kv_blocks`, or attnlab's Flex
+backend) lists, per (batch, head, query block), the key blocks to visit (`kv_indices`, the first
+`kv_num_blocks`) and among them those needing no mask at all (`full_kv_indices`). Compiled Flex
+skips every other block and applies `mask_mod` only in the listed partial ones; `BlockMaskMask`
+means exactly that:
+
+    allowed(b, h, i, j) = FULL block  or  (PARTIAL block  and  mask_mod(b, h, i, j))
+
+Its tile classes come from the lists alone, re-tiled to whatever block sizes a kernel asks for
+(no mask_mod call); its per-row key intervals come from one evaluation of mask_mod on the
+partial blocks only (`_intervals`), so an interval-shaped mask (sliding window, document,
+prefix-LM ...) runs on the interval kernel, and a sparse one costs its partial blocks, not L·S.
+
+Caution: torch's eager (uncompiled) flex_attention ignores the block lists and evaluates
+mask_mod everywhere; for a BlockMask whose blocks agree with its mask_mod (every one made by
+create_block_mask) the two agree. attnlab follows the blocks, as compiled Flex does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.masks import EMPTY, FULL, PARTIAL, Mask
+from attnlab.masks.base import block_bounds
+
+
+def classes_of(bm) -> torch.Tensor:
+    """int8 (Bm, Hm, nQ, nK) tile classes of a BlockMask, on its device."""
+    L, S = bm.seq_lengths
+    bq, bk = _sizes(bm)
+    nq, nk = -(-L // bq), -(-S // bk)
+    partial = _listed(bm.kv_num_blocks, bm.kv_indices, nq, nk)
+    out = torch.where(partial, PARTIAL, EMPTY).to(torch.int8)
+    if bm.full_kv_num_blocks is not None:
+        full = _listed(bm.full_kv_num_blocks, bm.full_kv_indices, nq, nk)
+        out = torch.where(full, torch.tensor(FULL, dtype=torch.int8, device=out.device), out)
+    return out
+
+
+def _sizes(bm) -> tuple[int, int]:
+    size = bm.BLOCK_SIZE
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def _listed(num: torch.Tensor, idx: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
+    """bool (Bm, Hm, nQ, nK): the blocks listed by counts num (Bm, Hm, nQ) and indices idx
+    (Bm, Hm, nQ, K) (entries past the count, or past nK, list nothing)."""
+    num, idx = num[..., :nq], idx[..., :nq, :]
+    valid = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]  # (Bm, Hm, nQ, K)
+    valid &= (idx >= 0) & (idx < nk)
+    where = torch.where(valid, idx, nk).long()  # unlisted entries go to a spare column
+    out = torch.zeros(*idx.shape[:-1], nk + 1, dtype=torch.bool, device=idx.device)
+    return out.scatter_(-1, where, True)[..., :nk]
+
+
+class BlockMaskMask(Mask):
+    """The mask a BlockMask describes (see the module docstring); `fn` is its mask_mod in
+    attnlab's broadcast convention (`flex.adapt`)."""
+
+    def __init__(self, bm, fn):
+        self.L, self.S = (int(n) for n in bm.seq_lengths)
+        self.bq, self.bk = _sizes(bm)
+        self.classes = classes_of(bm)  # (Bm, Hm, nQ, nK)
+        self.batch_size, self.heads = (int(n) for n in self.classes.shape[:2])
+        self.fn = fn
+        self._tile_cache: dict = {}
+
+    def check(self, L, S):
+        if (L, S) != (self.L, self.S):
+            raise AttnlabError(
+                f"block_mask: made for (Q_LEN, KV_LEN) = ({self.L}, {self.S}), got query and key "
+                f"lengths ({L}, {S}); make a BlockMask for these lengths")
+
+    def _block(self, rows, cols, L, S):
+        dev = rows.device
+        cls = self.classes.to(dev)
+        cls = cls[:, :, rows // self.bq][:, :, :, cols // self.bk]  # (Bm, Hm, R, C)
+        b = torch.arange(self.batch_size, device=dev)[:, None, None, None]  # (Bm, 1, 1, 1)
+        h = torch.arange(self.heads, device=dev)[None, :, None, None]  # (1, Hm, 1, 1)
+        got = self.fn(b, h, rows[None, None, :, None], cols[None, None, None, :])
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.bool:
+            raise AttnlabError(f"mask_mod: must return a bool tensor, got "
+                               f"{getattr(got, 'dtype', type(got).__name__)}")
+        return (cls == FULL) | ((cls == PARTIAL) & got)
+
+    def tiles(self, L, S, block_q, block_k, device=None):
+        dev = self.classes.device if device is None else torch.device(device)
+        key = (L, S, block_q, block_k, str(dev))
+        if key not in self._tile_cache:
+            self.check(L, S)
+            self._tile_cache[key] = retile(self.classes, L, S, (self.bq, self.bk),
+                                           (block_q, block_k)).to(dev)
+        return self._tile_cache[key]
+
+    def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):  # inside `&` / `|`: sizes from the bounds
+        bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1 if q_lo.numel() else 1
+        bk = int(k_hi[0, 0] - k_lo[0, 0]) + 1 if k_lo.numel() else 1
+        return self.tiles(L, S, bq, bk, q_lo.device)
+
+    def memo(self, key) -> dict:
+        """A store kernels keep data derived from this mask in (as `FunctionMask.memo`)."""
+        return self._tile_cache.setdefault(("memo", key), {})
+
+    def _intervals(self, L, S, device):
+        return row_intervals(self, device)
+
+    def __repr__(self):
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        return (f"BlockMaskMask({name}, seq_lengths=({self.L}, {self.S}), "
+                f"BLOCK_SIZE=({self.bq}, {self.bk}))")
+
+
+def retile(classes: torch.Tensor, L: int, S: int, old: tuple[int, int],
+           new: tuple[int, int]) -> torch.Tensor:
+    """Classes (Bm, Hm, nQ, nK) of old-size tiles as classes of new-size tiles: EMPTY where
+    every overlapped old tile is EMPTY, FULL where every one is FULL, else PARTIAL."""
+    if old == new:
+        return classes
+    sq, dq = _segments(L, old[0], new[0], classes.device)
+    sk, dk = _segments(S, old[1], new[1], classes.device)
+    g = classes[:, :, sq][:, :, :, sk]  # (Bm, Hm, segments along L, segments along S)
+    nq, nk = -(-L // new[0]), -(-S // new[1])
+    hit = _reduce((g != EMPTY).to(torch.uint8), dq, dk, nq, nk, "amax")
+    every = _reduce((g == FULL).to(torch.uint8), dq, dk, nq, nk, "amin")
+    out = torch.where(hit == 0, EMPTY, torch.where(every == 1, FULL, PARTIAL))
+    return out.to(torch.int8)
+
+
+def _segments(n: int, old: int, new: int, device):
+    """(old tile, new tile) of each piece the two tilings cut range(n) into."""
+    starts = torch.unique(torch.cat([torch.arange(0, n, old), torch.arange(0, n, new)]))
+    return (starts // old).to(device), (starts // new).to(device)
+
+
+def _reduce(x: torch.Tensor, dq, dk, nq: int, nk: int, how: str) -> torch.Tensor:
+    """x (Bm, Hm, a, b) reduced into (Bm, Hm, nq, nk) by row groups dq (a,), column groups dk."""
+    Bm, Hm, a, b = x.shape
+    init = 0 if how == "amax" else 1
+    rows = x.new_full((Bm, Hm, nq, b), init).scatter_reduce_(
+        2, dq[None, None, :, None].expand(Bm, Hm, a, b), x, how)
+    return x.new_full((Bm, Hm, nq, nk), init).scatter_reduce_(
+        3, dk[None, None, None, :].expand(Bm, Hm, nq, b), rows, how)
+
+
+def row_intervals(m: BlockMaskMask, device):
+    """(lo, hi) int64 (Bm, Hm, L) when every row's keys are one interval, else None.
+
+    One pass over the query blocks: FULL blocks count whole (no mask_mod call), mask_mod runs on
+    the blocks that are PARTIAL for some batch/head; a row is an interval when its number of
+    allowed keys equals last - first + 1."""
+    cls = m.classes.to(device)
+    Bm, Hm, nq, _ = cls.shape
+    lo = torch.zeros(Bm, Hm, m.L, dtype=torch.int64, device=device)
+    hi = torch.zeros_like(lo)
+    k_lo, k_hi = block_bounds(m.S, m.bk, device)  # (nK,) first / last key of each block
+    width = k_hi - k_lo + 1
+    for i in range(nq):
+        r0, r1 = i * m.bq, min(m.L, (i + 1) * m.bq)
+        c = cls[:, :, i]  # (Bm, Hm, nK)
+        some = (c == PARTIAL).any(0).any(0)  # (nK,): evaluate these blocks
+        full = (c == FULL) & ~some  # counted whole
+        big = torch.iinfo(torch.int64).max
+        count = (full * width).sum(-1)[..., None]  # (Bm, Hm, 1)
+        first = torch.where(full, k_lo, big).amin(-1)[..., None]
+        last = torch.where(full, k_hi, -1).amax(-1)[..., None]
+        blocks = some.nonzero().flatten()
+        if blocks.numel():
+            cols = (k_lo[blocks, None] + torch.arange(m.bk, device=device)).flatten()
+            cols = cols[cols < m.S]  # (C,) the keys of those blocks, ascending
+            rows = torch.arange(r0, r1, device=device)
+            got = m.block(rows, cols, m.L, m.S)  # (Bm, Hm, R, C)
+            n = got.sum(-1)  # (Bm, Hm, R)
+            f = cols[got.to(torch.uint8).argmax(-1)]
+            back = got.flip(-1).to(torch.uint8).argmax(-1)
+            e = cols[cols.numel() - 1 - back]
+            count = count + n
+            first = torch.where(n > 0, torch.minimum(first, f), first)
+            last = torch.where(n > 0, torch.maximum(last, e), last)
+        count, first, last = (x.expand(Bm, Hm, r1 - r0) for x in (count, first, last))
+        live = count > 0
+        if bool((live & (count != last - first + 1)).any()):
+            return None
+        lo[:, :, r0:r1] = torch.where(live, first, 0)
+        hi[:, :, r0:r1] = torch.where(live, last + 1, 0)
+    return lo, hi
