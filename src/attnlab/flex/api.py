@@ -59,7 +59,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     not exist in either; errors are AttnlabError (a ValueError) naming the argument.
     """
     _check_call(query, key, value, block_mask, return_lse, return_aux, kernel_options)
-    if query.device.type == "cuda":
+    if on_cuda(query):
         return _compiled()(query, key, value, score_mod=score_mod,
                            block_mask=_torch_block_mask(block_mask, query, key),
                            scale=scale, enable_gqa=enable_gqa, return_lse=return_lse,
@@ -92,7 +92,7 @@ def select_backend(query, key, value, score_mod=None, block_mask=None, scale=Non
     """Which path `flex_attention` takes for these inputs, and why; the reason also says which
     form (broadcast or vmap, see `attnlab.flex.adapt`) the mask_mod and score_mod took."""
     _check_call(query, key, value, block_mask, return_lse, return_aux, kernel_options)
-    if query.device.type == "cuda":
+    if on_cuda(query):
         return dispatch.Choice("flex", "CUDA: torch's compiled flex_attention, as given")
     want_lse = bool(return_lse) or return_aux is not None
     mask, mod = mask_of(block_mask, query, key), mod_of(score_mod)
@@ -103,6 +103,11 @@ def select_backend(query, key, value, score_mod=None, block_mask=None, scale=Non
         dispatch.Choice(backend, why)
     forms = _forms(p, mask, mod)
     return dispatch.Choice(choice.backend, choice.reason + (f"; {forms}" if forms else ""))
+
+
+def on_cuda(query) -> bool:
+    """The call goes to torch's compiled Flex (tests replace this to walk that path)."""
+    return query.device.type == "cuda"
 
 
 def _forms(p, mask, mod) -> str:
