@@ -1,6 +1,6 @@
 """attnlab.flex_attention against the peers a Flex user on a CPU has, side by side (CPU, fp32).
 
-    .venv/bin/python benchmarks/flex.py                      # sliding window 256 and documents @ 16k
+    .venv/bin/python benchmarks/flex.py          # sliding window 256 and documents @ 16k
     .venv/bin/python benchmarks/flex.py --L 4096 --repeats 3
 
 For each mask, written as a Flex mask_mod and made into a BlockMask by torch's create_block_mask:
@@ -89,43 +89,45 @@ def run(cfg: Config):
     compiled = torch.compile(torch_flex, dynamic=False)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(cfg.B, cfg.H, cfg.L, cfg.D, generator=g) for _ in range(3))
-    rows = []
-    for name, fn, builtin, dense in cases(cfg):
-        t0 = time.perf_counter()
-        bm = create_block_mask(fn, None, None, cfg.L, cfg.L, device="cpu")
-        made = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            flex_attention(q, k, v, block_mask=bm)  # converts the BlockMask, kept with it
-        convert = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            compiled(q, k, v, block_mask=bm)
-        compile_s = time.perf_counter() - t0
+    return [run_case(cfg, compiled, q, k, v, *case) for case in cases(cfg)]
 
-        def nograd(f):
-            def step():
-                with torch.no_grad():
-                    f()
-            return step
 
-        fwd = medians({
-            "flex": nograd(lambda: flex_attention(q, k, v, block_mask=bm)),
-            "builtin": nograd(lambda: attnlab.attention(q, k, v, mask=builtin)),
-            "compiled": nograd(lambda: compiled(q, k, v, block_mask=bm)),
-        }, cfg.repeats)
-        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+def run_case(cfg: Config, compiled, q, k, v, name, fn, builtin, dense):
+    """(name, forward medians, forward+backward medians, one-off costs) of one mask."""
+    t0 = time.perf_counter()
+    bm = create_block_mask(fn, None, None, cfg.L, cfg.L, device="cpu")
+    made = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        flex_attention(q, k, v, block_mask=bm)  # converts the BlockMask, kept with it
+    convert = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(q, k, v, block_mask=bm)
+    compile_s = time.perf_counter() - t0
 
-        def train_flex():
-            flex_attention(*xs, block_mask=bm).sum().backward()
+    def nograd(f):
+        def step():
+            with torch.no_grad():
+                f()
+        return step
 
-        def train_sdpa():
-            F.scaled_dot_product_attention(*xs, attn_mask=dense).sum().backward()
+    fwd = medians({
+        "flex": nograd(lambda: flex_attention(q, k, v, block_mask=bm)),
+        "builtin": nograd(lambda: attnlab.attention(q, k, v, mask=builtin)),
+        "compiled": nograd(lambda: compiled(q, k, v, block_mask=bm)),
+    }, cfg.repeats)
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
 
-        both = medians({"flex": train_flex, "sdpa": train_sdpa}, cfg.repeats)
-        rows.append((name, fwd, both, made, convert, compile_s))
-    return rows
+    def train_flex():
+        flex_attention(*xs, block_mask=bm).sum().backward()
+
+    def train_sdpa():
+        F.scaled_dot_product_attention(*xs, attn_mask=dense).sum().backward()
+
+    both = medians({"flex": train_flex, "sdpa": train_sdpa}, cfg.repeats)
+    return name, fwd, both, made, convert, compile_s
 
 
 def main(argv=None) -> int:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flex_gallery import causal, dense_reference
-from helpers import close
 
 import attnlab
 from attnlab import AttnlabError, masks
@@ -21,6 +19,9 @@ from attnlab.flex import (
     noop_mask,
     select_backend,
 )
+from flex_gallery import causal, dense_reference
+
+from helpers import close
 
 
 def qkv(B=2, H=2, L=100, S=100, D=8, Hkv=None, Bkv=None, seed=0):
@@ -46,7 +47,7 @@ def test_return_forms_match_torch():
     assert isinstance(out, torch.Tensor) and out.shape == (2, 2, 100, 8)
     o2, lse = flex_attention(q, k, v, block_mask=bm, return_lse=True)
     assert lse.shape == (2, 2, 100) and lse.dtype == torch.float32
-    o3, aux = flex_attention(q, k, v, block_mask=bm, return_aux=AuxRequest(lse=True))
+    _, aux = flex_attention(q, k, v, block_mask=bm, return_aux=AuxRequest(lse=True))
     assert isinstance(aux, AuxOutput) and aux.max_scores is None
     close(o2, out, atol=0)
     close(aux.lse, lse, atol=0)
@@ -185,7 +186,7 @@ def test_bad_calls_name_the_argument(bad, what):
 def test_a_block_mask_for_other_lengths_is_refused():
     q, k, v = qkv()
     bm = create_block_mask(causal, None, None, 128, 128, device="cpu")
-    with pytest.raises(AttnlabError, match=r"block_mask: made for \(Q_LEN, KV_LEN\) = \(128, 128\)"):
+    with pytest.raises(AttnlabError, match=r"made for \(Q_LEN, KV_LEN\) = \(128, 128\)"):
         flex_attention(q, k, v, block_mask=bm)
 
 

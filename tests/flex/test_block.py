@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flex_gallery import CASES, flamingo
-from helpers import tiles_from_dense
 
 from attnlab.flex import create_block_mask
 from attnlab.flex.adapt import Adapted
 from attnlab.flex.block import BlockMaskMask, classes_of
 from attnlab.masks import EMPTY, FULL, PARTIAL
+from flex_gallery import CASES, flamingo
+
+from helpers import tiles_from_dense
 
 
 def made(name, L=None, S=None, block=128):
@@ -32,7 +33,7 @@ def dense_of(fn, L, S):
                                   "gym svg temporal"])
 @pytest.mark.parametrize("bq, bk", [(128, 64), (64, 128), (96, 40), (256, 256), (8, 7)])
 def test_retiled_classes_are_exact_where_they_say_empty_or_full(name, bq, bk):
-    bm, m, fn = made(name, block=32)
+    _, m, fn = made(name, block=32)
     L, S = m.L, m.S
     exact = tiles_from_dense(dense_of(fn, L, S), bq, bk)
     got = m.tiles(L, S, bq, bk)
@@ -46,7 +47,7 @@ def test_retiled_classes_are_exact_where_they_say_empty_or_full(name, bq, bk):
 @pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n].mask_mod is not None
                                         and not CASES[n].mask_bh))
 def test_the_mask_and_its_intervals_match_the_dense_mask(name):
-    bm, m, fn = made(name, block=32)
+    _, m, fn = made(name, block=32)
     dense = dense_of(fn, m.L, m.S)
     assert torch.equal(m.to_dense(m.L, m.S), dense)
     iv = m.intervals(m.L, m.S)
@@ -61,7 +62,7 @@ def test_the_mask_and_its_intervals_match_the_dense_mask(name):
 
 
 def test_classes_come_from_the_block_lists():
-    bm, m, fn = made("gym prefix_lm", L=512, S=512)
+    bm, _, fn = made("gym prefix_lm", L=512, S=512)
     exact = tiles_from_dense(dense_of(fn, 512, 512), 128, 128)
     assert torch.equal(classes_of(bm), exact)
     assert set(classes_of(bm).unique().tolist()) == {EMPTY, PARTIAL, FULL}
