@@ -7,8 +7,8 @@ On CUDA the call goes to torch's compiled flex_attention with the arguments as g
 it becomes one `attnlab.attention` call: the BlockMask as a mask (`flex.block`), the score_mod
 as a score_mod, both in the form that gives Flex's answer (`flex.adapt`), and attnlab's
 dispatcher picks the path: the interval kernel for an interval-shaped mask without a score_mod,
-the tiled kernel for the rest (a score_mod is called on each chunk; empty blocks are skipped),
-the math path where a score_mod's captured tensors need a gradient.
+the tiled kernel for the rest (a score_mod is called on each chunk, empty blocks are skipped,
+and tensors the score_mod reads get their gradients, `ops.captured`).
 """
 
 from __future__ import annotations
@@ -67,12 +67,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     want_lse = bool(return_lse) or (return_aux is not None and bool(return_aux.lse))
     want_max = return_aux is not None and bool(return_aux.max_scores)
     mask, mod = mask_of(block_mask, query, key), mod_of(score_mod)
-    backend = _backend(query, key, value, mod, scale, enable_gqa)[0]
     out, lse = attention(query, key, value, scale=scale, enable_gqa=enable_gqa, mask=mask,
-                         score_mod=mod, return_lse=True, backend=backend) \
-        if want_lse or want_max else (attention(
-            query, key, value, scale=scale, enable_gqa=enable_gqa, mask=mask, score_mod=mod,
-            backend=backend), None)
+                         score_mod=mod, return_lse=True) if want_lse or want_max else (attention(
+                             query, key, value, scale=scale, enable_gqa=enable_gqa, mask=mask,
+                             score_mod=mod), None)
     if return_aux is None:
         return (out, lse) if return_lse else out
     from torch.nn.attention.flex_attention import AuxOutput
@@ -96,11 +94,9 @@ def select_backend(query, key, value, score_mod=None, block_mask=None, scale=Non
         return dispatch.Choice("flex", "CUDA: torch's compiled flex_attention, as given")
     want_lse = bool(return_lse) or return_aux is not None
     mask, mod = mask_of(block_mask, query, key), mod_of(score_mod)
-    backend, why = _backend(query, key, value, mod, scale, enable_gqa)
     p = make_problem(query, key, value, None, 0.0, False, scale, enable_gqa, mask=mask,
                      score_mod=mod)
-    choice = dispatch.choose(p, need_lse=want_lse) if backend == "auto" else \
-        dispatch.Choice(backend, why)
+    choice = dispatch.choose(p, need_lse=want_lse)
     forms = _forms(p, mask, mod)
     return dispatch.Choice(choice.backend, choice.reason + (f"; {forms}" if forms else ""))
 
@@ -208,23 +204,6 @@ def mod_of(score_mod):
         got = adapt(score_mod, score=True)
         _MODS[score_mod] = got
     return got
-
-
-def _backend(query, key, value, mod, scale, enable_gqa) -> tuple[str, str]:
-    """("math", why) when autograd must reach tensors the score_mod captures, else ("auto", "")."""
-    if mod is None or not torch.is_grad_enabled() or not _captures_grad(mod, query):
-        return "auto", ""
-    return "math", ("score_mod captures tensors that need a gradient: autograd through the "
-                    "math path (the tiled kernel's backward does not reach them)")
-
-
-def _captures_grad(mod, query) -> bool:
-    """mod's result needs a gradient on scores that don't: it reads a tensor that does."""
-    z = torch.zeros((), dtype=torch.int64, device=query.device).reshape(1, 1, 1, 1)
-    s = torch.zeros(1, 1, 1, 1, dtype=query.dtype, device=query.device)
-    with torch.enable_grad():
-        out = mod(s, z, z, z, z)
-    return isinstance(out, torch.Tensor) and out.requires_grad
 
 
 @functools.lru_cache(maxsize=1)
