@@ -28,7 +28,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.masks import FULL, PARTIAL, FunctionMask, Mask, from_dense
-from attnlab.ops import captured
+from attnlab.ops import captured, second_order
 from attnlab.ops.problem import Problem
 
 #: FlexAttention's tile: the BlockMask's query and key block size
@@ -96,7 +96,8 @@ def forward(p: Problem, need_lse: bool):
         out, lse = run_kernel(_kernel(fused), q, k, v, need_lse, score_mod=score_mod_of(p, B),
                               block_mask=bm, scale=p.scale, enable_gqa=d.groups > 1)
     out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
-    return out, lse.reshape(p.query.shape[:-1]) if need_lse else None  # (B, H, L) -> (..., H, L)
+    lse = lse.reshape(p.query.shape[:-1]) if need_lse else None  # (B, H, L) -> (..., H, L)
+    return second_order.no_second_order('backend "flex"', out, lse)  # its backward: no graph
 
 
 def run_kernel(fn, q, k, v, need_lse: bool, **kw):

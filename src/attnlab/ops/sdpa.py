@@ -9,10 +9,12 @@ keys/values are handled before any backend runs (`ops.nonfinite`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-from attnlab.ops import fused_cpu
+from attnlab.ops import fused_cpu, scores, second_order
 from attnlab.ops.problem import Problem
 
 
@@ -34,12 +36,24 @@ def forward(p: Problem, *, need_lse: bool):
     mask, is_causal = _dense_for_sdpa(p)
     if need_lse:
         return _flash_cpu(p, mask, is_causal)
+    if _flash_for_grad(p):  # the same kernel as SDPA's, through a Function with a second order
+        return _flash_cpu(p, mask, is_causal)[0], None
     q, scale = fused_cpu.fold_scale(p.query, p.scale, is_causal)  # a scale <= 0 with causal
     out = F.scaled_dot_product_attention(
         q, p.key, p.value, attn_mask=mask, dropout_p=p.dropout_p, is_causal=is_causal,
         scale=scale, enable_gqa=p.dims.groups > 1,
     )
+    if p.query.device.type != "cpu":  # the device kernels' backward has no second order
+        return second_order.no_second_order('backend "sdpa" on a device', out, None)
     return out, None
+
+
+def _flash_for_grad(p: Problem) -> bool:
+    """A CPU call that records gradients and that PyTorch's SDPA would run on its flash kernel,
+    whose backward has no derivative: run by `_FlashLse`, which recomputes on the math path for
+    a double backward. (SDPA's own math path, which it takes for dropout or Dv != D, has one.)"""
+    return (torch.is_grad_enabled() and fused_cpu.applies(p)
+            and any(x.requires_grad for x in (p.query, p.key, p.value)))
 
 
 def _flash_cpu(p: Problem, mask, is_causal):
@@ -88,6 +102,11 @@ class _FlashLse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        if second_order.wanted():  # create_graph=True: the math path's gradients, by autograd
+            B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+            second_order.check('backend "sdpa"', (B, H, L, S), q.element_size())
+            fwd = functools.partial(_math, ctx.mask, ctx.is_causal, ctx.scale)
+            return (*second_order.grads(fwd, (q, k, v), dout, dlse), None, None, None)
         if dout is None:  # only the lse is differentiated
             dout = torch.zeros_like(out)
         if dlse is not None and not bool(dlse.any()):
@@ -95,3 +114,17 @@ class _FlashLse(torch.autograd.Function):
         dq, dk, dv = fused_cpu.backward(dout, q, k, v, out, lse, scale=ctx.scale,
                                         attn_mask=ctx.mask, is_causal=ctx.is_causal, dlse=dlse)
         return dq, dk, dv, None, None, None
+
+
+def _math(mask, is_causal: bool, scale: float, q, k, v):
+    """`_FlashLse`'s (out, lse) with differentiable PyTorch ops: q (B, H, L, D), k, v (B, H, S,
+    D|Dv), mask float broadcastable to (B, H, L, S) or None."""
+    acc = scores.accum_dtype(q.dtype)
+    s = scores.product(q.to(acc), k.to(acc), scale)  # (B, H, L, D) @ (B, H, D, S) -> (.., L, S)
+    allowed = None
+    if is_causal:
+        L, S = s.shape[-2:]
+        allowed = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()  # top-left
+    s, _ = scores.modify(s, bias=mask, allowed=allowed)
+    w, lse = scores.softmax(s)
+    return (w @ v.to(acc)).to(q.dtype), lse  # (B, H, L, S) @ (B, H, S, Dv) -> (B, H, L, Dv)

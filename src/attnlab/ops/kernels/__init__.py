@@ -114,7 +114,8 @@ def interval_attention(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_po
 
     c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
                    k_pos0=k_pos0)
-    return kernel.IntervalAttention.apply(q, k, v, c, isa)
+    out, lse, _ = kernel.IntervalAttention.apply(q, k, v, c, isa)  # _: finite, unchecked
+    return out, lse
 
 
 def interval_weights(q, k, lse, lo, hi, rows=None, *, scale, softcap=None, alibi=None, q_pos0=0,

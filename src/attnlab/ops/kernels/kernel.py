@@ -3,10 +3,13 @@ the autograd Function, and the public functions (exported by `attnlab.ops.kernel
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 
 import torch
 
+from attnlab.ops import second_order
 from attnlab.ops.kernels import build, gate
 from attnlab.ops.kernels.gate import Call
 
@@ -102,27 +105,65 @@ def _weights(c: Call, q, k, lse, idx, isa=None):
 
 
 class IntervalAttention(torch.autograd.Function):
-    """report (a list, or None): the forward checks what it reads and appends whether all of it
-    was finite; when not, out and lse are not to be used (the caller cleans the inputs)."""
+    """(q, k, v, c, isa, check=False) -> (out, lse, finite).
+
+    finite: a bool tensor () that autograd does not differentiate: with check=True, whether what
+    the forward read was all finite; when it is False, out and lse are placeholders not to be
+    used (the caller cleans the inputs and calls again). Always True without check.
+
+    Everything the backward reads is saved with `save_for_backward` (q, k, v, out, lse, the
+    prepared fp32 q, Kᵀ and padded v, the intervals and slopes), so saved-tensor hooks
+    (offloading, checkpointing tools) see all of it; ctx keeps only sizes and scalars.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, c: Call, isa, report=None):
-        out, lse, prepared, finite = _fwd(c, q, k, v, isa, check=report is not None)
-        if report is not None:
-            report.append(finite)
-            if not finite:  # nothing to keep: the call is made again on cleaned inputs
-                out, lse = q.new_zeros(()), q.new_zeros(())
-                ctx.mark_non_differentiable(out, lse)
-                return out, lse
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.c, ctx.isa, ctx.prepared = c, isa, prepared
+    def forward(ctx, q, k, v, c: Call, isa, check: bool = False):
+        out, lse, prepared, finite = _fwd(c, q, k, v, isa, check=check)
+        ok = torch.tensor(finite is not False)
+        if finite is False:  # nothing to keep: the call is made again on cleaned inputs
+            out, lse = q.new_zeros(()), q.new_zeros(())
+            ctx.mark_non_differentiable(out, lse, ok)
+            return out, lse, ok
+        ctx.mark_non_differentiable(ok)
+        ctx.save_for_backward(q, k, v, out, lse, *(prepared or (None,) * 3), c.lo, c.hi,
+                              c.slopes)
+        ctx.c = dataclasses.replace(c, lo=None, hi=None, slopes=None)  # sizes, scalars
+        ctx.isa = isa
         ctx.set_materialize_grads(False)
-        return out, lse
+        return out, lse, ok
 
     @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+    def backward(ctx, dout, dlse, _):
+        q, k, v, out, lse, qf, kt, vp, lo, hi, slopes = ctx.saved_tensors
+        c = dataclasses.replace(ctx.c, lo=lo, hi=hi, slopes=slopes)
+        if second_order.wanted():  # create_graph=True: gradients that are differentiable again
+            second_order.check("the interval kernel", (c.B, c.H, c.L, c.S), 4)
+            dq, dk, dv = second_order.grads(functools.partial(_math, c), (q, k, v), dout, dlse)
+            return dq, dk, dv, None, None, None
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _bwd(ctx.c, q, k, v, out, lse, dout, dlse, ctx.prepared, ctx.isa)
+        prepared = None if qf is None else (qf, kt, vp)
+        dq, dk, dv = _bwd(c, q, k, v, out, lse, dout, dlse, prepared, ctx.isa)
         return dq, dk, dv, None, None, None
+
+
+def _math(c: Call, q, k, v):
+    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)) of the Call with differentiable
+    PyTorch ops in float32, the kernel's score order (scale, softcap, ALiBi, the row's interval):
+    the recomputation a double backward differentiates."""
+    from attnlab.ops import scores
+
+    G = c.H // c.Hkv
+    qf, kf, vf = (x.to(torch.float32) for x in (q, k, v))
+    if G > 1:
+        kf = kf.repeat_interleave(G, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
+        vf = vf.repeat_interleave(G, dim=1)  # (B, Hkv, S, Dv) -> (B, H, S, Dv)
+    s = scores.product(qf, kf, c.scale)  # (B, H, L, D) @ (B, H, D, S) -> (B, H, L, S)
+    rows = torch.arange(c.L, device=q.device)
+    cols = torch.arange(c.S, device=q.device)
+    allowed = (cols >= c.lo[..., None]) & (cols < c.hi[..., None])  # (B|1, H|1, L, S)
+    slopes = None if c.slopes is None else c.slopes[..., None, None]  # (B|1, H) -> (.., 1, 1)
+    s, _ = scores.modify(s, softcap=c.softcap or None, slopes=slopes, rows=rows,
+                         cols=cols + c.pos_off, allowed=allowed)
+    w, lse = scores.softmax(s)
+    return (w @ vf).to(q.dtype), lse  # (B, H, L, S) @ (B, H, S, Dv) -> (B, H, L, Dv)

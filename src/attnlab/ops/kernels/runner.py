@@ -91,9 +91,8 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
 
     d = p.dims
     q, k, v = (_batched(x, d) for x in (p.query, p.key, p.value))  # (B, H|Hkv, L|S, D|Dv)
-    report = [] if verify else None
-    out, lse = kernel.IntervalAttention.apply(q, k, v, _call(p, d.Dv), None, report)
-    if verify and not report[0]:
+    out, lse, finite = kernel.IntervalAttention.apply(q, k, v, _call(p, d.Dv), None, verify)
+    if not finite:
         return None
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
     return _shaped(out, (*rows, d.Dv)), _shaped(lse, rows)  # (B, H, L, ·) -> (..., H, L, ·)

@@ -42,7 +42,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.masks import Mask
-from attnlab.ops import captured, fused_cpu, plain, scores
+from attnlab.ops import captured, fused_cpu, plain, scores, second_order
 from attnlab.ops.nonfinite import all_finite
 from attnlab.ops.problem import Problem
 from attnlab.ops.tiled import fused
@@ -84,6 +84,8 @@ class Setup:
     captured: tuple = ()
     #: during a backward: their gradients, summed over the chunks (None: no chunk reached one)
     captured_grads: list | None = None
+    #: the call without its q, k, v, for a double backward's recomputation (`second_order`)
+    shell: Problem | None = None
     #: chunk masks kept across calls by a mask that offers a store (`FunctionMask.memo`): a mask
     #: function is not shift invariant, so this is its stand-in for `cache`
     memo: dict | None = None
@@ -111,6 +113,7 @@ def make_setup(p: Problem, fused: bool) -> Setup:
                          and p.structured.shift_invariant),
         score_mod=p.score_mod,
         captured=captured.of(p),
+        shell=dataclasses.replace(p, query=None, key=None, value=None, memo={}),
         memo=_memo(p, fused),
     )
 
@@ -543,10 +546,33 @@ class TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        if second_order.wanted():  # create_graph=True: gradients that are differentiable again
+            return _second_order(ctx.st, q, k, v, dout, dlse)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         st = dataclasses.replace(ctx.st, captured_grads=[None] * len(ctx.st.captured))
         dq, dk, dv = _bwd(st, q, k, v, out, lse, dout, _nonzero(dlse))
         return dq, dk, dv, None, *st.captured_grads
+
+
+def _second_order(st: Setup, q, k, v, dout, dlse):
+    """The backward's gradients with a graph: this call on the math path, by autograd."""
+    p, d = st.shell, st.shell.dims
+    second_order.check('backend "tiled"', d.scores_shape, st.acc.itemsize, p.dropout_p)
+
+    def forward(q, k, v):  # (B, H|Hkv, L|S, D|Dv) -> (out (B, H, L, Dv), lse (B, H, L))
+        call = dataclasses.replace(p, query=q.reshape(_shape(d, d.H, d.L, d.D)),
+                                   key=k.reshape(_shape(d, d.Hkv, d.S, d.D)),
+                                   value=v.reshape(_shape(d, d.Hkv, d.S, d.Dv)), memo={})
+        out, lse = plain.forward(call)  # (..., H, L, Dv), (..., H, L)
+        return out.reshape(*q.shape[:-1], d.Dv), lse.reshape(q.shape[:-1])
+
+    dq, dk, dv, *dcap = second_order.grads(forward, (q, k, v), dout, dlse, st.captured)
+    return dq, dk, dv, None, *dcap
+
+
+def _shape(d, heads: int, n: int, last: int) -> tuple[int, ...]:
+    """An input's shape as the call gave it: (..., heads, n, last), or (n, last) for 2-D."""
+    return (*d.batch, heads, n, last) if d.ndim > 2 else (n, last)
 
 
 def _nonzero(dlse: torch.Tensor | None) -> torch.Tensor | None:
