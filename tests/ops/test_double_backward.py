@@ -63,10 +63,10 @@ def test_second_order_float64_matches_math(mask, backend, Hkv):
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "window", "softcap_alibi"])
-@pytest.mark.parametrize("backend", ["auto", "tiled", "sdpa"])
+@pytest.mark.parametrize("backend", ["auto", "interval", "tiled", "sdpa"])
 def test_second_order_float32_interval_kernel_and_flash(mask, backend):
-    """float32: the interval kernel ("tiled"/"auto" on interval-shaped calls) and the flash
-    kernel ("sdpa") hand the second order to the math recomputation."""
+    """float32: the interval kernel ("interval", and "auto" on interval-shaped calls), the tiled
+    loop and the flash kernel ("sdpa") hand the second order to the math recomputation."""
     want = _penalty_grads("math", torch.float64, MASKS[mask]())
     got = _penalty_grads(backend, torch.float32, MASKS[mask]())
     plain = _penalty_grads("math", torch.float32, MASKS[mask]())
@@ -93,9 +93,9 @@ def test_second_order_reaches_score_mod_tables():
 def test_first_order_through_create_graph_equals_plain_backward():
     """The recomputation's first gradient equals the kernel's own (interval kernel, float32)."""
     q, k, v = _inputs(torch.float32)
-    out = attnlab.attention(q, k, v, is_causal=True, backend="tiled")
+    out = attnlab.attention(q, k, v, is_causal=True, backend="interval")
     g1 = torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
-    out = attnlab.attention(q, k, v, is_causal=True, backend="tiled")
+    out = attnlab.attention(q, k, v, is_causal=True, backend="interval")
     g0 = torch.autograd.grad(out.square().sum(), (q, k, v))
     for a, b in zip(g1, g0):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

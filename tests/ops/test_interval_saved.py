@@ -29,7 +29,7 @@ def _inputs(D=16, seed=0):
 
 
 def _grads(q, k, v, **kw):
-    out, lse = attnlab.attention(q, k, v, backend="tiled", return_lse=True, **kw)
+    out, lse = attnlab.attention(q, k, v, backend="interval", return_lse=True, **kw)
     return torch.autograd.grad((out * out.cos()).sum() + lse.sum(), (q, k, v))
 
 
@@ -51,7 +51,7 @@ def test_hooks_see_every_tensor_the_backward_reads(D, kw):
         return torch.from_numpy(store[i][0]).to(store[i][1])
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        out, lse = attnlab.attention(q, k, v, backend="tiled", return_lse=True, **kw)
+        out, lse = attnlab.attention(q, k, v, backend="interval", return_lse=True, **kw)
     assert type(out.grad_fn).__name__ == "IntervalAttentionBackward", out.grad_fn
     with torch.no_grad():
         for x in (q, k, v):
@@ -80,7 +80,7 @@ def _tensors_in(x, depth=0):
 def test_ctx_holds_no_tensor_outside_saved_tensors():
     q, k, v = _inputs(13)
     out = attnlab.attention(q, k, v, is_causal=True, alibi_slopes=torch.ones(4),
-                            backend="tiled")
+                            backend="interval")
     ctx = out.grad_fn
     hidden = [name for name, val in vars(ctx).items() if any(True for _ in _tensors_in(val))]
     assert hidden == [], f"ctx keeps tensors out of autograd's sight: {hidden}"
