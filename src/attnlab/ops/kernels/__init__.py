@@ -104,6 +104,7 @@ def interval_backward(q, k, v, lo, hi, out, lse, dout, dlse=None, *, scale, soft
 
     c = gate.check(q, k, v, lo, hi, scale=scale, softcap=softcap, alibi=alibi, q_pos0=q_pos0,
                    k_pos0=k_pos0)
+    gate.check_outputs(c, out, lse, dout, dlse)
     return kernel._bwd(c, q, k, v, out, lse, dout, dlse, None, isa)
 
 

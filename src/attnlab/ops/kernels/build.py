@@ -197,16 +197,15 @@ def _load(isa: str):
     name, ns = _names(isa)
     final = cache_root() / build_key(isa)
     lib = final / f"{name}.so"
+    damaged = _check_cached(lib)
+    if damaged or not lib.exists():
+        _build(isa, name, ns, final, damaged)
     if not _has_ns(ns):
-        damaged = _check_cached(lib)
-        if damaged or not lib.exists():
-            _build(isa, name, ns, final, damaged)
         _trusted(lib)  # what a build (ours or another process's) left, checked once more
-        if not _has_ns(ns):
-            _dlopen(lib)
-        if damaged:
-            warnings.warn(f"attnlab: rebuilt the {isa} interval kernel: the cached one was not "
-                          f"loaded ({damaged})", RuntimeWarning, stacklevel=4)
+        _dlopen(lib)
+    if damaged:
+        warnings.warn(f"attnlab: rebuilt the {isa} interval kernel: the cached one was not "
+                      f"loaded ({damaged})", RuntimeWarning, stacklevel=4)
     return _ops(ns)
 
 

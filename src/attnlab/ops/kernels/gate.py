@@ -9,11 +9,13 @@ These copies cost O(S·D); the attention they serve costs O(L·S·D) or O(L·w·
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
 
-from attnlab.errors import AttnlabError, fmt_shape
+from attnlab.errors import AttnlabError, check_scale, fmt_shape
+from attnlab.ops.validate import check_finite, check_softcap
 
 PAD = 16  # csrc/interval.h: PAD
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -55,6 +57,10 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
                                f"got {x.dtype}")
         if x.device.type != "cpu":
             raise AttnlabError(f"{name}: the interval kernel runs on the CPU, got {x.device}")
+    for name, x in (("k", k), ("v", v))[:2 if values else 1]:
+        if x.dtype != q.dtype:
+            raise AttnlabError(f"{name}: expected q's dtype {q.dtype}, got {x.dtype} (convert "
+                               "q, k and v to one dtype)")
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     if tuple(k.shape) != (B, Hkv, S, D) or Hkv == 0 or H % Hkv:
@@ -64,14 +70,48 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
         raise AttnlabError(f"v: expected (B, Hkv, S, Dv) = ({B}, {Hkv}, {S}, Dv), got "
                            f"{fmt_shape(v.shape)}")
     lo32, hi32 = _intervals(lo, hi, B, H, L, S)
-    if softcap is not None and not float(softcap) > 0:
-        raise AttnlabError(f"softcap: expected a positive float or None, got {softcap!r}")
-    pos_off = int(k_pos0) - int(q_pos0)
+    scale = _scale(scale)
+    softcap = check_softcap(softcap)
+    pos_off = _position("k_pos0", k_pos0) - _position("q_pos0", q_pos0)
     if abs(pos_off) + L + S >= 2**31:
         raise AttnlabError(f"q_pos0, k_pos0: positions must stay below 2**31, got {q_pos0}, "
                            f"{k_pos0}")
-    return Call(B, H, Hkv, L, S, D, v.shape[3] if values else 0, lo32, hi32, float(scale),
+    return Call(B, H, Hkv, L, S, D, v.shape[3] if values else 0, lo32, hi32, scale,
                 float(softcap or 0.0), slopes(alibi, B, H), pos_off)
+
+
+def _scale(scale) -> float:
+    """The kernel's scale is required: a finite number (nan or inf would zero every row)."""
+    if scale is None or isinstance(scale, bool):
+        raise AttnlabError(f"scale: expected a finite number, got {scale!r}")
+    return check_scale(scale, 0)
+
+
+def _position(name: str, x) -> int:
+    """A global position offset: an int (a bool or a float is refused, not truncated)."""
+    try:
+        if not isinstance(x, bool):
+            return operator.index(x)
+    except TypeError:
+        pass
+    raise AttnlabError(f"{name}: expected an int, got {x!r}"[:200])
+
+
+def check_outputs(c: Call, out, lse, dout, dlse) -> None:
+    """The backward's out, dout (B, H, L, Dv) and lse, dlse (B, H, L) (dlse may be None): CPU
+    tensors of those shapes, floating point, or AttnlabError naming the one that is not."""
+    full, rows = (c.B, c.H, c.L, c.Dv), (c.B, c.H, c.L)
+    for name, x, want in (("out", out, full), ("lse", lse, rows), ("dout", dout, full),
+                          ("dlse", dlse, rows)):
+        if x is None and name == "dlse":
+            continue
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != want:
+            got = fmt_shape(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            dims = "(B, H, L, Dv)" if len(want) == 4 else "(B, H, L)"
+            raise AttnlabError(f"{name}: expected {dims} = {fmt_shape(want)}, got {got}")
+        if not x.is_floating_point() or x.device.type != "cpu":
+            raise AttnlabError(f"{name}: expected a floating-point CPU tensor, got {x.dtype} on "
+                               f"{x.device}")
 
 
 def _intervals(lo, hi, B, H, L, S):
@@ -89,8 +129,11 @@ def _intervals(lo, hi, B, H, L, S):
         lo, hi = torch.broadcast_tensors(lo, hi)
     live = lo < hi
     if bool((live & ((lo < 0) | (hi > S))).any()):
+        bad = live & ((lo < 0) | (hi > S))
         raise AttnlabError(f"lo, hi: a row's keys must lie in [0, S = {S}); got lo in "
-                           f"[{int(lo.min())}, ...], hi up to {int(hi.max())}")
+                           f"[{int(lo[bad].min())}, ...], hi up to {int(hi[bad].max())}")
+    # a row with nothing (lo >= hi, any values: 2**32 would wrap to 0 in int32) becomes (0, 0)
+    lo, hi = torch.where(live, lo, 0), torch.where(live, hi, 0)
     return (lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous())
 
 
@@ -98,12 +141,17 @@ def slopes(alibi, B: int, H: int) -> torch.Tensor | None:
     """ALiBi slopes (H,) or (B, H) as float32 (B|1, H), contiguous; None stays None."""
     if alibi is None:
         return None
-    s = torch.as_tensor(alibi)
-    if s.dim() == 1:
-        s = s[None]
-    if s.dim() != 2 or s.shape[0] not in (1, B) or s.shape[1] != H:
+    try:
+        s = torch.as_tensor(alibi, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise AttnlabError(f"alibi: expected slopes (H,) or (B, H) of numbers, got "
+                           f"{alibi!r}"[:200]) from None
+    check_finite("alibi", s)
+    if s.dim() not in (1, 2) or s.shape[-1] != H or (s.dim() == 2 and s.shape[0] not in (1, B)):
         raise AttnlabError(f"alibi: expected slopes (H,) or (B, H) with (B, H) = ({B}, {H}), "
                            f"got {fmt_shape(s.shape)}")
+    if s.dim() == 1:
+        s = s[None]
     return s.to(torch.float32).contiguous()  # (B|1, H)
 
 
