@@ -49,3 +49,10 @@ def test_a_binary_file_of_texts_is_one_line(capsys, no_model, tmp_path):
 def test_heads_checks_the_figure_folder_before_running_the_model(capsys, no_model, tmp_path):
     out = tmp_path / "missing" / "dir" / "x.png"
     _one_line_error(capsys, ["heads", "the cat sat", "-o", str(out)], "-o: no such directory")
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0", "-3"])
+def test_bench_budget_must_bound(capsys, budget):
+    """--budget nan compared false with every prediction: no cell was ever skipped."""
+    _one_line_error(capsys, ["bench", "--quick", "--budget", budget],
+                    "--budget: expected a positive finite number of seconds")

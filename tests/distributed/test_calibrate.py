@@ -156,3 +156,54 @@ def test_causal_diagonal_tiles_count_half_at_the_unmasked_rate():
     assert part == [0.0, 0.0]
     # rank 0: (3, 0..2) and the diagonals (0, 0), (3, 3); rank 1: (1, 0), (2, 0..1), (1, 1), (2, 2)
     assert full == [c * (3 + 2 * 0.5)] * 2
+
+
+@pytest.mark.parametrize("block", [(4, 0, 64), (4, 1024), (4, 1.5, 64), (0, 8, 8), "big"])
+def test_calibrate_rejects_a_bad_block(block):
+    """block=(4, 0, 64) timed nothing and reported 0 TFLOP/s."""
+    with pytest.raises(AttnlabError, match=r"block: expected \(H, L, D\)"):
+        cp.calibrate(block=block)
+
+
+FAST = (4e9, 4e9, 1e-5, 5e12, 2e12)  # inter B/s, intra B/s, latency s, FLOP/s, masked FLOP/s
+SLOW = (1e9, 2e9, 3e-5, 1e12, 5e11)
+
+
+@pytest.mark.parametrize("me", [0, 1])
+def test_every_rank_plans_with_the_slowest_ranks_numbers(monkeypatch, me):
+    """calibrate on a group of 2 ranks of different speed (the group stood in for: this rank
+    measures FAST, its peer SLOW): the bandwidths and rates are the slower rank's, the latency
+    the larger, whichever rank is slow."""
+    import importlib
+
+    cal_mod = importlib.import_module("attnlab.distributed.calibrate")  # the module, not the fn
+    monkeypatch.setattr(cal_mod.comm, "rank_world", lambda group: (me, 2))
+    monkeypatch.setattr(cal_mod, "_tier", lambda *a: (FAST[0], FAST[2]))
+    monkeypatch.setattr(cal_mod, "_compute_rate",
+                        lambda *a, window=None: FAST[3] if window is None else FAST[4])
+    gathered = []
+
+    def all_gather(out, part, group, phase):
+        rows = [part.tolist(), list(SLOW)] if me == 0 else [list(SLOW), part.tolist()]
+        out.copy_(torch.tensor(rows, dtype=torch.float64).reshape(-1))
+        gathered.append(part.tolist())
+
+    monkeypatch.setattr(cal_mod.comm, "all_gather", all_gather)
+    cal = cp.calibrate(repeats=1)
+    assert gathered == [[FAST[0], FAST[0], FAST[2], FAST[3], FAST[4]]]
+    assert cal.tflops == pytest.approx(SLOW[3] / 1e12)
+    assert cal.masked_tflops == pytest.approx(SLOW[4] / 1e12)
+    assert cal.inter_gbps == pytest.approx(SLOW[0] * 8 / 1e9)
+    assert cal.latency_us == pytest.approx(SLOW[2] * 1e6)
+    assert cal.world == 2
+
+
+def test_ulysses_size_without_hybrid_is_refused():
+    """ulysses_size with strategy "ring" (or "allgather", "ulysses") was silently ignored."""
+    q = torch.randn(1, 2, 8, 4)
+    for strategy in ("ring", "allgather", "ulysses"):
+        with pytest.raises(AttnlabError, match="ulysses_size: only strategy 'hybrid'"):
+            cp.context_parallel_attention(q, q, q, strategy=strategy, ulysses_size=1)
+    cp.context_parallel_attention(q, q, q, strategy="auto", ulysses_size=1)
+    handle = cp.ContextParallel(None, "zigzag", "auto", ulysses_size=1)
+    handle.attention(q, q, q, strategy="ring")  # the handle's U is for the strategies using it

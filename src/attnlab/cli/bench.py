@@ -9,6 +9,7 @@ says so, as is the naive implementation where its L×S matrices would not fit in
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -72,6 +73,9 @@ def run(args) -> int:
     _defaults(args)
     if args.repeats < 1 or any(n < 1 for n in args.L):
         raise AttnlabError("bench: --repeats and --L must be positive")
+    if not (args.budget > 0 and math.isfinite(args.budget)):  # nan would bound nothing
+        raise AttnlabError(f"--budget: expected a positive finite number of seconds, got "
+                           f"{args.budget}")
     peers = [x for x in args.peers if x != "none"]
     impls = ["attnlab", *(["tiled"] if args.tiled else []), *peers]
     mem_kib = _mem_available_kib()

@@ -76,6 +76,9 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
                      softcap, dropout_p, dropout_seed, seq_len)
     desc["ulysses_size"] = ulysses_size
+    if ulysses_size is not None and strategy not in ("hybrid", "auto") and not desc["error"]:
+        desc["error"] = (f"ulysses_size: only strategy 'hybrid' (and 'auto', which weighs it) "
+                         f"uses it, got ulysses_size={ulysses_size!r} with strategy={strategy!r}")
     with comm.during(call_no, "argument check"):
         descs = validate.gather_descriptions(desc, group, _device(query))
     validate.check_agreement(descs)
@@ -282,7 +285,8 @@ class ContextParallel:
 
     def attention(self, query, key, value, **kwargs):
         kwargs.setdefault("strategy", self.strategy)
-        kwargs.setdefault("ulysses_size", self.ulysses_size)
+        if kwargs["strategy"] in ("hybrid", "auto"):  # the handle's U, where a strategy uses it
+            kwargs.setdefault("ulysses_size", self.ulysses_size)
         kwargs.setdefault("calibration", self.calibration)
         return context_parallel_attention(query, key, value, group=self.group,
                                           layout=self.layout, **kwargs)

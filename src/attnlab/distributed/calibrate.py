@@ -166,6 +166,9 @@ def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
         raise AttnlabError(f"window: expected a positive int, got {window!r}")
     if large <= small:
         raise AttnlabError(f"large: expected more bytes than small = {small}, got {large}")
+    if not isinstance(block, (tuple, list)) or len(block) != 3 or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in block):
+        raise AttnlabError(f"block: expected (H, L, D), three positive ints, got {block!r}")
     device = torch.device("cpu") if device is None else torch.device(device)
     U = ulysses_size or 1
     lat = []
@@ -188,7 +191,14 @@ def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
         comm.all_gather(every, mine, group, "calibrate")  # (P·5,) float64: every rank's numbers
     else:
         every = mine
-    every = every.view(world, 5)
+    return slowest(every.view(world, 5), comm.backend(group), ulysses_size)
+
+
+def slowest(every: torch.Tensor, backend: str, ulysses_size: int | None) -> Calibration:
+    """The Calibration every rank plans with, from every rank's (inter B/s, intra B/s, latency s,
+    FLOP/s, masked FLOP/s), a (P, 5) table: the slowest rank's number of each (the least
+    bandwidths and rates, the largest latency): a step waits for its slowest rank."""
+    world = every.shape[0]
     slow_inter, slow_intra = float(every[:, 0].min()), float(every[:, 1].min())
     if world == 1:  # no link: the model's communication terms are zero anyway
         slow_inter = slow_intra = float("inf")
@@ -196,7 +206,7 @@ def calibrate(group=None, *, ulysses_size: int | None = None, small: int = 4096,
                        latency_us=float(every[:, 2].max()) * 1e6,
                        tflops=float(every[:, 3].min()) / 1e12,
                        masked_tflops=float(every[:, 4].min()) / 1e12, world=world,
-                       backend=comm.backend(group), ulysses_size=ulysses_size)
+                       backend=backend, ulysses_size=ulysses_size)
 
 
 def calibrate_worker(rank: int, world: int, ulysses_size: int | None = None,
