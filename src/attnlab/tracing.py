@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnlab import reference
-from attnlab.errors import AttnlabError, fmt_shape
+from attnlab.errors import AttnlabError, check_scale, check_softcap, fmt_shape
 from attnlab.masks import Mask
 
 
@@ -110,10 +110,8 @@ def trace(query, key, value, mask=None, scale=None, tokens=None, query_tokens=No
     dense = _dense_mask(mask, L, S)
     if tokens is not None and len(tokens) != S:
         raise AttnlabError(f"tokens: expected {S} labels (one per key), got {len(tokens)}")
-    if scale is not None and not np.isfinite(float(scale)):
-        raise AttnlabError(f"scale: expected a finite number or None, got {scale!r}")
-    if softcap is not None and not (np.isfinite(float(softcap)) and float(softcap) > 0):
-        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
+    scale = None if scale is None else check_scale(scale, q.shape[-1])
+    softcap = check_softcap(softcap)
     if bias is not None:
         bias = _as_array("bias", bias)  # (..., L, S)
     s = reference.steps(q, k, v, mask=dense, scale=scale, bias=bias, softcap=softcap)

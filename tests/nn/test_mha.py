@@ -192,7 +192,7 @@ def test_need_weights_in_training_with_dropout():
 @pytest.mark.parametrize("make, message", [
     (lambda: MultiHeadAttention(30, 4), "embed_dim 30 is not divisible by num_heads 4"),
     (lambda: MultiHeadAttention(32, 4, num_kv_heads=3), "not a multiple of num_kv_heads 3"),
-    (lambda: MultiHeadAttention(32, 4, dropout=1.5), "dropout_p"),
+    (lambda: MultiHeadAttention(32, 4, dropout=1.5), "dropout"),
     (lambda: MultiHeadAttention.from_torch(torch.nn.Linear(2, 2)), "MultiheadAttention"),
     (lambda: MultiHeadAttention.from_torch(torch.nn.MultiheadAttention(8, 2, add_bias_kv=True)),
      "add_bias_kv"),

@@ -15,7 +15,15 @@ from attnlab.distributed.hybrid import hybrid_attention
 from attnlab.distributed.layouts import Sharding, check_layout
 from attnlab.distributed.ring import RingAttention
 from attnlab.distributed.ulysses import ulysses_attention
-from attnlab.errors import AttnlabError, check_choice, check_scale, fmt_shape
+from attnlab.errors import (
+    AttnlabError,
+    check_choice,
+    check_dropout,
+    check_int,
+    check_scale,
+    check_softcap,
+    fmt_shape,
+)
 from attnlab.masks import Mask
 from attnlab.ops.validate import check_qkv
 
@@ -186,8 +194,9 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
         if not isinstance(is_causal, bool):
             raise AttnlabError(f"is_causal: expected a bool, got {is_causal!r}")
         check_scale(scale, query.shape[-1])
-        _check_softcap(softcap)
-        _check_dropout(dropout_p, dropout_seed)
+        check_softcap(softcap)
+        check_dropout(dropout_p, below_one=True)
+        check_int("dropout_seed", dropout_seed, none=True)
         if dropout_p > 0 and dropout_seed is None:  # every rank draws, so streams advance alike
             desc["drawn_seed"] = int(torch.randint(0, 1 << 62, (1,)).item())
         desc["rows"] = [query.shape[2], key.shape[2]]
@@ -211,23 +220,6 @@ def _describe(query, key, value, layout, strategy, mask, is_causal, scale, enabl
                  "scale": scale, "enable_gqa": bool(enable_gqa), "softcap": softcap,
                  "dropout_p": dropout_p, "dropout_seed": dropout_seed})
     return desc
-
-
-def _check_dropout(dropout_p, dropout_seed) -> None:
-    ok = isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool)
-    if not (ok and 0 <= dropout_p < 1):
-        raise AttnlabError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
-    if dropout_seed is not None and (isinstance(dropout_seed, bool)
-                                     or not isinstance(dropout_seed, int)):
-        raise AttnlabError(f"dropout_seed: expected an int or None, got {dropout_seed!r}")
-
-
-def _check_softcap(softcap) -> None:
-    if softcap is None:
-        return
-    ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
-    if not (ok and 0 < softcap < float("inf")):
-        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
 
 
 def shard(x: torch.Tensor, layout: str = "zigzag", *, group=None, dim: int = -2):

@@ -17,11 +17,12 @@ import torch
 
 from attnlab.distributed import comm, kernel_block, keyed
 from attnlab.distributed.blockmask import BlockOf
-from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward, merge_into
+from attnlab.distributed.blocks import block_backward, dropout_backward, dropout_forward
 from attnlab.distributed.geometry import Geometry
 from attnlab.distributed.layouts import Piece
 from attnlab.distributed.pairs import CAUSAL, block_pairs
 from attnlab.ops import kernels, nonfinite
+from attnlab.ops.lse import merge_into
 
 
 @dataclass

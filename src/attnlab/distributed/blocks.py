@@ -1,5 +1,5 @@
-"""The backward of one (query rows, key block) pair, and the exact LSE merge of two partial
-forwards (the forward of a block is `attnlab.attention` itself).
+"""The backward of one (query rows, key block) pair (the forward of a block is
+`attnlab.attention` itself; partial forwards merge through their lse in `ops/lse.py`).
 
 Inputs are already in the accumulation dtype (float32, float64 for float64 inputs).
 
@@ -89,38 +89,6 @@ def block_backward(q, k, v, allowed, scale, softcap, out, lse, dout, dlse, *,
     return tiled.backward(p, out, lse, dout, dlse)
 
 
-def merge(out_a, lse_a, out_b, lse_b):
-    """Exact union of two partial softmaxes over disjoint key sets, through their log-sum-exp.
-
-    lse = log(e^lse_a + e^lse_b); out = e^(lse_a − lse)·out_a + e^(lse_b − lse)·out_b. Rows that
-    have seen nothing yet (lse −inf) take weight 0, never NaN.
-    """
-    lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-    wa = torch.exp(lse_a - safe)[..., None]  # (B, H, Lb, 1)
-    wb = torch.exp(lse_b - safe)[..., None]
-    return wa * out_a + wb * out_b, lse
-
-
-def merge_into(out, lse, out_b, lse_b) -> None:
-    """`merge` written into (out, lse) in place (views of the call's result): no new buffer of
-    the rows' size but the block's own."""
-    total = torch.logaddexp(lse, lse_b)
-    safe = torch.where(torch.isinf(total), torch.zeros_like(total), total)
-    out.mul_(torch.exp(lse - safe)[..., None])  # (B, H, Lb, Dv) · (B, H, Lb, 1)
-    out.addcmul_(out_b, torch.exp(lse_b - safe)[..., None])
-    lse.copy_(total)
-
-
-def _heads5(x, Hkv: int, G: int):
-    """(B|1, H|1, a, b) -> (B|1, Hkv|1, G|1, a, b), the grouped view of the scores."""
-    if x is None:
-        return None
-    if x.shape[1] == 1:
-        return x[:, :, None]  # (B|1, 1, a, b) -> (B|1, 1, 1, a, b)
-    return x.reshape(x.shape[0], Hkv, G, *x.shape[2:])  # (B|1, H, a, b) -> (.., Hkv, G, ..)
-
-
 def _cleaned(q, k, v, allowed, scale, softcap):
     """(k, v with NaN/Inf positions zeroed, the block's Problem, bad (B, Hkv, Sb) or None), by
     `ops.nonfinite` as in `attnlab.attention` (only with a mask: without one every row attends
@@ -137,7 +105,7 @@ def _grouped_scores(q, k, allowed, scale, softcap):
     Hkv = k.shape[1]
     q5 = q.reshape(B, Hkv, H // Hkv, Lb, D)  # (B, H, Lb, D) -> (B, Hkv, G, Lb, D)
     s = scores.product(q5, k[:, :, None], scale)  # (B, Hkv, G, Lb, D) @ (B, Hkv, 1, D, Sb)
-    return scores.modify(s, softcap=softcap, allowed=_heads5(allowed, Hkv, H // Hkv))
+    return scores.modify(s, softcap=softcap, allowed=scores.heads5(allowed, Hkv, H // Hkv))
 
 
 def dropout_forward(q, k, v, allowed, scale, softcap, keep, p: float):
@@ -148,7 +116,7 @@ def dropout_forward(q, k, v, allowed, scale, softcap, keep, p: float):
     k, v, prob, bad = _cleaned(q, k, v, allowed, scale, softcap)
     s, _ = _grouped_scores(q, k, allowed, scale, softcap)
     w, lse = scores.softmax(s)  # (B, Hkv, G, Lb, Sb), (B, Hkv, G, Lb)
-    w = w.masked_fill_(~_heads5(keep, Hkv, H // Hkv), 0.0) / (1.0 - p)
+    w = w.masked_fill_(~scores.heads5(keep, Hkv, H // Hkv), 0.0) / (1.0 - p)
     out = w @ v[:, :, None]  # (B, Hkv, G, Lb, Sb) @ (B, Hkv, 1, Sb, Dv) -> (B, Hkv, G, Lb, Dv)
     out, lse = out.reshape(B, H, Lb, Dv), lse.reshape(B, H, Lb)
     if bad is not None:  # rows that may attend a poisoned key are NaN, as attnlab.attention
@@ -171,7 +139,7 @@ def dropout_backward(q, k, v, allowed, scale, softcap, keep, p: float, out, lse,
     s, t = _grouped_scores(q, k, allowed, scale, softcap)
     lse5 = scores.lse_for_exp(lse).reshape(B, Hkv, G, Lb, 1)
     w = torch.exp(s - lse5)  # (B, Hkv, G, Lb, Sb): the global weights before dropout
-    z = _heads5(keep, Hkv, G).to(w.dtype) / (1.0 - p)
+    z = scores.heads5(keep, Hkv, G).to(w.dtype) / (1.0 - p)
     do5 = dout.reshape(B, Hkv, G, Lb, Dv)
     wz = w * z  # the weights as the forward applied them
     # (B, Hkv, G, Sb, Lb) @ (B, Hkv, G, Lb, Dv) -> summed over G: (B, Hkv, Sb, Dv)

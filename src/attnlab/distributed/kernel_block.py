@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.distributed.blocks import merge_into
 from attnlab.distributed.layouts import Piece
 from attnlab.ops import kernels, nonfinite
+from attnlab.ops.lse import merge_into
 
 #: the pair loop instead of spans everywhere (tests compare the two; a switch for bisecting)
 ENABLED = True

@@ -52,7 +52,7 @@ class CausalSelfAttention(nn.Module):
         _check_heads(d_model, n_heads, n_kv_heads)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.dropout = check_dropout(dropout)
+        self.dropout = check_dropout(dropout, "dropout")
         # one projection for q, k and v: a single matmul instead of three
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)

@@ -36,7 +36,7 @@ class MultiHeadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
-        self.dropout, self.batch_first = check_dropout(dropout), batch_first
+        self.dropout, self.batch_first = check_dropout(dropout, "dropout"), batch_first
         kv = num_kv_heads * self.head_dim
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, **kw)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.errors import check_choice
+from attnlab.errors import check_choice, check_softcap
 from attnlab.masks import Mask
 from attnlab.ops import dispatch
 from attnlab.ops.problem import Problem
-from attnlab.ops.validate import check_softcap, make_problem
+from attnlab.ops.validate import make_problem
 from attnlab.ops.weights import row_indices, rows_of
 
 __all__ = ["attention", "attention_with_weights", "check_softcap", "make_problem",

@@ -96,6 +96,16 @@ def _add(s: torch.Tensor, x: torch.Tensor, inplace: bool) -> torch.Tensor:
     return s.add_(x) if inplace and _fits(s, x) else s + x
 
 
+def heads5(t: torch.Tensor | None, Hkv: int, G: int) -> torch.Tensor | None:
+    """(B|1, H|1, a, b) -> (B|1, Hkv|1, G|1, a, b): a mask or bias in the grouped view of the
+    scores (query head h = kv head h // G, group member h % G); None stays None."""
+    if t is None:
+        return None
+    if t.shape[1] == 1:
+        return t[:, :, None]  # (B|1, 1, a, b) -> (B|1, 1, 1, a, b)
+    return t.reshape(t.shape[0], Hkv, G, *t.shape[2:])  # (B|1, H, a, b) -> (.., Hkv, G, ..)
+
+
 def exp_shift(m: torch.Tensor) -> torch.Tensor:
     """The row max m as the shift of exp(s - shift): 0 where the row has no finite score, so a row
     with nothing to attend computes exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN."""

@@ -12,7 +12,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnlab.errors import AttnlabError, broadcasts_to, check_dropout, check_scale, fmt_shape
+from attnlab.errors import (
+    AttnlabError,
+    broadcasts_to,
+    check_dropout,
+    check_scale,
+    check_slopes,
+    check_softcap,
+    fmt_shape,
+)
 from attnlab.masks import Mask, causal
 from attnlab.ops.problem import Dims, Problem
 
@@ -58,47 +66,9 @@ def check_score_mod(fn, dims, device):
     return bind(dims, device) if callable(bind) else fn
 
 
-def check_softcap(softcap) -> float | None:
-    if softcap is None:
-        return None
-    try:
-        c = float(softcap)
-    except (TypeError, ValueError):
-        c = float("nan")
-    if not (c > 0 and c != float("inf")):
-        raise AttnlabError(f"softcap: expected a positive finite number or None, got {softcap!r}")
-    return c
-
-
 def check_alibi(slopes, dims, device) -> torch.Tensor | None:
-    if slopes is None:
-        return None
-    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
-        raise AttnlabError(
-            f"alibi_slopes: expected a float tensor of shape (H,) = ({dims.H},), got "
-            f"{type(slopes).__name__} {getattr(slopes, 'dtype', '')}".rstrip()
-        )
-    if tuple(slopes.shape) != (dims.H,):
-        raise AttnlabError(
-            f"alibi_slopes: expected shape (H,) = ({dims.H},), got {fmt_shape(slopes.shape)}"
-        )
-    if slopes.device != device:
-        raise AttnlabError(
-            f"alibi_slopes: expected device {device} like query, got {slopes.device}"
-        )
-    check_finite("alibi_slopes", slopes)
-    return slopes
-
-
-def check_finite(name: str, t: torch.Tensor) -> None:
-    """AttnlabError naming `name` and showing the values when t holds NaN or ±Inf: a slope or
-    sink of inf/nan gives each backend its own answer for that head (inf - inf, 0 · inf).
-    One small reduction (a host sync on a device: the tensors checked here have H entries)."""
-    if t.numel() and not bool(torch.isfinite(t.detach()).all()):
-        idx = (~torch.isfinite(t.detach())).nonzero().tolist()[:8]  # (n, ndim) positions
-        bad = [i[0] if len(i) == 1 else tuple(i) for i in idx]
-        raise AttnlabError(f"{name}: expected finite values, got {t.detach().cpu().tolist()}"[:300]
-                           + f" (non-finite at index {bad})")
+    """alibi_slopes: None, or finite float slopes (H,) on query's device."""
+    return None if slopes is None else check_slopes("alibi_slopes", slopes, dims.H, device=device)
 
 
 #: is_causal=True as a mask: one object, so the intervals kept with it serve every such call

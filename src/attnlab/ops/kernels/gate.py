@@ -9,13 +9,18 @@ These copies cost O(S·D); the attention they serve costs O(L·S·D) or O(L·w·
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
 
-from attnlab.errors import AttnlabError, check_scale, fmt_shape
-from attnlab.ops.validate import check_finite, check_softcap
+from attnlab.errors import (
+    AttnlabError,
+    check_int,
+    check_scale,
+    check_slopes,
+    check_softcap,
+    fmt_shape,
+)
 
 PAD = 16  # csrc/interval.h: PAD
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -72,12 +77,12 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
     lo32, hi32 = _intervals(lo, hi, B, H, L, S)
     scale = _scale(scale)
     softcap = check_softcap(softcap)
-    pos_off = _position("k_pos0", k_pos0) - _position("q_pos0", q_pos0)
+    pos_off = check_int("k_pos0", k_pos0) - check_int("q_pos0", q_pos0)
     if abs(pos_off) + L + S >= 2**31:
         raise AttnlabError(f"q_pos0, k_pos0: positions must stay below 2**31, got {q_pos0}, "
                            f"{k_pos0}")
     return Call(B, H, Hkv, L, S, D, v.shape[3] if values else 0, lo32, hi32, scale,
-                float(softcap or 0.0), slopes(alibi, B, H), pos_off)
+                softcap or 0.0, slopes(alibi, B, H), pos_off)
 
 
 def _scale(scale) -> float:
@@ -85,16 +90,6 @@ def _scale(scale) -> float:
     if scale is None or isinstance(scale, bool):
         raise AttnlabError(f"scale: expected a finite number, got {scale!r}")
     return check_scale(scale, 0)
-
-
-def _position(name: str, x) -> int:
-    """A global position offset: an int (a bool or a float is refused, not truncated)."""
-    try:
-        if not isinstance(x, bool):
-            return operator.index(x)
-    except TypeError:
-        pass
-    raise AttnlabError(f"{name}: expected an int, got {x!r}"[:200])
 
 
 def check_outputs(c: Call, out, lse, dout, dlse) -> None:
@@ -146,10 +141,7 @@ def slopes(alibi, B: int, H: int) -> torch.Tensor | None:
     except (TypeError, ValueError, RuntimeError):
         raise AttnlabError(f"alibi: expected slopes (H,) or (B, H) of numbers, got "
                            f"{alibi!r}"[:200]) from None
-    check_finite("alibi", s)
-    if s.dim() not in (1, 2) or s.shape[-1] != H or (s.dim() == 2 and s.shape[0] not in (1, B)):
-        raise AttnlabError(f"alibi: expected slopes (H,) or (B, H) with (B, H) = ({B}, {H}), "
-                           f"got {fmt_shape(s.shape)}")
+    check_slopes("alibi", s, H, B=B)
     if s.dim() == 1:
         s = s[None]
     return s.to(torch.float32).contiguous()  # (B|1, H)

@@ -2,7 +2,7 @@
 
 `aten._scaled_dot_product_flash_attention_for_cpu` computes one chunk (a block of query rows ×
 a contiguous key range) in cache-sized tiles with fused exp/sum, and returns the chunk's lse;
-partial results of several chunks merge exactly through their lse:
+partial results of several chunks merge exactly through their lse (`ops/lse.py`):
 
     lse = logaddexp(lse_a, lse_b);   out = out_a·exp(lse_a - lse) + out_b·exp(lse_b - lse)
 
@@ -23,7 +23,8 @@ from collections.abc import Iterable
 
 import torch
 
-from attnlab.ops import fused_cpu, scores
+from attnlab.ops import fused_cpu
+from attnlab.ops.lse import merge
 
 
 def forward(qb: torch.Tensor, chunks: Iterable, *, scale: float):
@@ -35,14 +36,8 @@ def forward(qb: torch.Tensor, chunks: Iterable, *, scale: float):
     for kc, vc, bias, row_alive in chunks:
         o, l = fused_cpu.forward(qb, kc, vc, attn_mask=bias, scale=scale,
                                  row_alive=row_alive)  # (B, Hkv, G·bq, Dv), (B, Hkv, G·bq)
-        if out is None:
-            out, lse = o, l
-            continue
-        new = torch.logaddexp(lse, l)
-        safe = scores.exp_shift(new)
-        wa, wb = torch.exp(lse - safe)[..., None], torch.exp(l - safe)[..., None]  # (.., G·bq, 1)
-        out = out.to(wa.dtype) * wa + o.to(wa.dtype) * wb  # merged in fp32 for fp16/bf16
-        lse = new
+        # merged in fp32 for fp16/bf16 (`ops.lse`)
+        out, lse = (o, l) if out is None else merge(out, lse, o, l)
     return out, lse
 
 

@@ -195,13 +195,6 @@ def _flat_batch(t: torch.Tensor, st: Setup) -> torch.Tensor:
     return t.reshape(-1, *t.shape[len(st.batch):])  # -> (B, Hm, bq, ck)
 
 
-def heads5(t: torch.Tensor, st: Setup) -> torch.Tensor:
-    """(B|1, H|1, a, b) -> (B|1, Hkv|1, G|1, a, b), matching the 5-D view of the scores."""
-    if t.shape[1] == 1:
-        return t[:, :, None]  # (B|1, 1, a, b) -> (B|1, 1, 1, a, b)
-    return t.reshape(t.shape[0], st.Hkv, st.G, *t.shape[2:])  # (B|1, H, a, b) -> (.., Hkv, G, ..)
-
-
 def bias_chunk(st: Setup, q0: int, q1: int, ch: Chunk) -> torch.Tensor:
     """SDPA's attn_mask for rows q0:q1 and the chunk's keys (dims of size 1 stay broadcast)."""
     b = st.bias
@@ -220,14 +213,14 @@ def chunk_allowed(st: Setup, q0: int, q1: int, ch: Chunk, device) -> torch.Tenso
         cols = torch.arange(ch.k0, ch.k1, device=device)
         allowed = _flat_batch(st.structured.block(rows, cols, st.L, st.S), st)  # (Bm, Hm, bq, ck)
         if st.memo is not None:  # the mask alone: kept for the next call of this shape
-            allowed = heads5(allowed, st)
+            allowed = scores.heads5(allowed, st.Hkv, st.G)
             _remember(st, key, allowed, allowed.numel())
             return allowed
     if st.bias is not None:
         b = bias_chunk(st, q0, q1, ch)
         b = b if b.dtype == torch.bool else b != float("-inf")
         allowed = b if allowed is None else allowed & b
-    return None if allowed is None else heads5(allowed, st)
+    return None if allowed is None else scores.heads5(allowed, st.Hkv, st.G)
 
 
 def alive_columns(st: Setup, allowed: torch.Tensor) -> torch.Tensor:
@@ -258,7 +251,7 @@ def chunk_scores(st: Setup, qb: torch.Tensor, k: torch.Tensor, q0: int, q1: int,
         cols = torch.arange(ch.k0, ch.k1, device=s.device)
     bias = None
     if st.bias is not None and st.bias.dtype != torch.bool:
-        bias = heads5(bias_chunk(st, q0, q1, ch), st)  # (B|1, Hkv|1, G|1, bq|1, ck|1)
+        bias = scores.heads5(bias_chunk(st, q0, q1, ch), st.Hkv, st.G)  # (B|1, Hkv|1, G|1, bq, ck)
     s5, t = scores.modify(s.view(st.B, st.Hkv, st.G, bq, ck),  # (N, G·bq, ck) -> 5-D view
                           softcap=st.softcap, slopes=st.slopes, rows=rows, cols=cols, bias=bias,
                           allowed=allowed)
@@ -312,7 +305,7 @@ def fused_chunk(st: Setup, k, v, q0: int, q1: int, ch: Chunk, dtype):
     zero = torch.zeros((), dtype=dtype, device=k.device)
     bias = torch.where(allowed, zero, float("-inf"))  # (B|1, Hkv|1, G|1, bq, ck)
     if st.bias is not None and st.bias.dtype != torch.bool:
-        bias = bias + heads5(bias_chunk(st, q0, q1, ch), st).to(dtype)
+        bias = bias + scores.heads5(bias_chunk(st, q0, q1, ch), st.Hkv, st.G).to(dtype)
     (Bb, Hb), bq, ck = bias.shape[:2], q1 - q0, ch.k1 - ch.k0  # a mask may broadcast rows/cols
     bias = bias.expand(Bb, Hb, st.G, bq, ck).reshape(Bb, Hb, st.G * bq, ck)  # (.., G·bq, ck)
     rows = allowed.any(-1)  # (B|1, Hkv|1, G|1, bq|1)
