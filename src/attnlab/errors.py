@@ -91,13 +91,15 @@ def check_int(name: str, value, *, none: bool = False) -> int | None:
         raise AttnlabError(f"{name}: expected {want}, got {_show(value)}") from None
 
 
-def check_scale(scale, D: int) -> float:
-    """The score scale: a finite number, default 1/sqrt(D) (1 when D = 0)."""
-    if scale is None:
+def check_scale(scale, D: int, *, required: bool = False) -> float:
+    """The score scale: a finite number; None gives 1/sqrt(D) (1 when D = 0) unless `required`
+    (the kernel API, which has no head dim to default from)."""
+    want = "a finite number" if required else "a finite number or None"
+    if scale is None and not required:
         return 1.0 / math.sqrt(D) if D > 0 else 1.0
-    s = real_number("scale", scale, "a finite number or None")
+    s = real_number("scale", scale, want) if scale is not None else math.nan
     if not math.isfinite(s):
-        raise AttnlabError(f"scale: expected a finite number or None, got {scale!r}")
+        raise AttnlabError(f"scale: expected {want}, got {scale!r}")
     return s
 
 

@@ -75,7 +75,7 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
         raise AttnlabError(f"v: expected (B, Hkv, S, Dv) = ({B}, {Hkv}, {S}, Dv), got "
                            f"{fmt_shape(v.shape)}")
     lo32, hi32 = _intervals(lo, hi, B, H, L, S)
-    scale = _scale(scale)
+    scale = check_scale(scale, D, required=True)  # nan or inf would zero every row
     softcap = check_softcap(softcap)
     pos_off = check_int("k_pos0", k_pos0) - check_int("q_pos0", q_pos0)
     if abs(pos_off) + L + S >= 2**31:
@@ -83,13 +83,6 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
                            f"{k_pos0}")
     return Call(B, H, Hkv, L, S, D, v.shape[3] if values else 0, lo32, hi32, scale,
                 softcap or 0.0, slopes(alibi, B, H), pos_off)
-
-
-def _scale(scale) -> float:
-    """The kernel's scale is required: a finite number (nan or inf would zero every row)."""
-    if scale is None or isinstance(scale, bool):
-        raise AttnlabError(f"scale: expected a finite number, got {scale!r}")
-    return check_scale(scale, 0)
 
 
 def check_outputs(c: Call, out, lse, dout, dlse) -> None:
