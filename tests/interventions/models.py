@@ -121,3 +121,17 @@ def eager_gpt(model: GPT, idx: torch.Tensor) -> torch.Tensor:
         if block.mlp is not None:
             x = x + block.mlp(block.ln2(x))
     return model.lm_head(model.ln_f(x))
+
+
+def tiny_checkpoint(path, text: str = "the cat sat on the mat. <b>it</b> was tired & so: "):
+    """A random-weight attnlab GPT saved as a checkpoint over `text`'s characters (no
+    training): what `--model DIR` reads."""
+    from attnlab.models import save_checkpoint
+    from attnlab.models.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.from_text(text)
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=4,
+                          n_embd=32))
+    save_checkpoint(path, model, tok)
+    return path

@@ -22,6 +22,7 @@ from attnlab.errors import AttnlabError
 GROUPS = (
     ("learn", ("lesson",)),
     ("look inside a model", ("explain", "heads", "rollout", "plot", "view", "serve")),
+    ("what heads matter for", ("ablate", "patch")),
     ("build and train", ("train", "generate", "track_heads")),
     ("scale", ("plan_cp",)),
     ("tools", ("bench", "doctor")),

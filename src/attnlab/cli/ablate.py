@@ -1,0 +1,93 @@
+"""`attnlab ablate TEXT --token WORD`: what each head matters for. Every head of the model is
+ablated on TEXT, one at a time, all in one batched pass, and the change of a measure is shown as a
+layer x head grid next to where the token looks in the heads that matter most.
+
+Measures (--measure): an encoder (the default all-MiniLM-L6-v2) `cosine` of the token's final
+representation to the unablated one, or `similarity` of the text's and --other's mean-pooled
+embeddings; a causal LM (a checkpoint attnlab trained, a local Hugging Face causal LM) `logprob`
+of the token given the tokens before it, `logit-diff` of two --answers after the text, or `loss`
+over the text. Zero ablation sets a head's context vector to 0; --mean-of TEXT... sets it to
+its mean over those texts instead. Causal models also get the logit lens at the token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from attnlab.cli.options import add_model, add_threads, check_output, check_text, open_model
+
+MEASURE_HELP = ("cosine or similarity (an encoder; default cosine), logprob, logit-diff or loss "
+                "(a causal LM; default logprob)")
+
+
+def add_parser(sub):
+    p = sub.add_parser("ablate", help="ablate every head in turn: what each one matters for",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("text", metavar="TEXT", help="the text to run the model on")
+    p.add_argument("--token", metavar="WORD", default=None,
+                   help="the word (or token index) the measure reads (default: the last token)")
+    p.add_argument("--measure", metavar="NAME", default=None, help=MEASURE_HELP)
+    p.add_argument("--answers", nargs=2, metavar=("A", "B"), default=None,
+                   help="the two one-token answers of --measure logit-diff (default: none)")
+    p.add_argument("--other", metavar="TEXT", default=None,
+                   help="the second sentence of --measure similarity (default: none)")
+    p.add_argument("--mean-of", nargs="+", metavar="TEXT", default=None,
+                   help="mean ablation: replace a head by its mean over these texts (default: "
+                   "zero ablation)")
+    add_common(p)
+    return p
+
+
+def add_common(p) -> None:
+    """The options ablate and patch share."""
+    p.add_argument("--top", type=int, default=8, metavar="K",
+                   help="list the K heads of largest effect")
+    p.add_argument("-o", "--output", metavar="FILE.html",
+                   help="also write the effects page (default: no page)")
+    p.add_argument("--json", action="store_true", help="print the effects as JSON")
+    add_model(p)
+    add_threads(p)
+
+
+def check_common(args) -> None:
+    from attnlab.errors import AttnlabError
+
+    if args.top < 1:
+        raise AttnlabError(f"--top {args.top}: expected a positive number")
+    if args.output:
+        check_output("-o", args.output, (".html", ".htm"))
+
+
+def show(fx, args) -> int:
+    """Print the effects (text or --json) and write the page when -o is given."""
+    from attnlab.viz.effects_text import render_effects
+
+    if args.json:
+        json.dump(fx.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_effects(fx, top=args.top))
+    if args.output:
+        from attnlab.viz.effects_page import write_effects_page
+
+        out = write_effects_page(fx, args.output)
+        if not args.json:
+            print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); open it in a browser, no "
+                  "network needed")
+    return 0
+
+
+def run(args) -> int:
+    from attnlab.explain.effects import ablation_effects
+
+    check_text("TEXT", args.text)
+    for t in (args.other, *(args.mean_of or [])):
+        if t is not None:
+            check_text("TEXT", t)
+    check_common(args)
+    fx = ablation_effects(args.text, open_model(args.model), token=args.token,
+                          measure=args.measure, answers=args.answers, other=args.other,
+                          mean_of=args.mean_of)
+    return show(fx, args)
