@@ -78,12 +78,15 @@ def test_device_classification_is_exact(name, bq, bk):
     assert torch.equal(got, tiles_from_dense(m.to_dense(L, S), bq, bk))
 
 
-def test_tiles_are_evaluated_once_per_shape(monkeypatch):
+@pytest.mark.parametrize("interval", [True, False])
+def test_tiles_are_evaluated_once_per_shape(interval):
+    """One evaluation per (L, S): an interval-shaped function classifies other tile shapes from
+    its intervals; any other is evaluated again for another tile shape only."""
     calls = []
 
     def counted(b, h, q, k):
         calls.append(1)
-        return q >= k
+        return q >= k if interval else (q - k) % 3 != 1
 
     m = masks.from_function(counted)
     a = m.tiles(300, 300, 16, 16)
@@ -91,8 +94,10 @@ def test_tiles_are_evaluated_once_per_shape(monkeypatch):
     assert torch.equal(m.tiles(300, 300, 16, 16), a) and len(calls) == n
     (m & masks.padding(key_lengths=[200])).tiles(300, 300, 16, 16)
     assert len(calls) == n  # a part of `&` reuses the cache too
-    m.tiles(300, 300, 32, 16)
-    assert len(calls) > n  # another shape is evaluated
+    assert (m.intervals(300, 300) is not None) == interval and len(calls) == n
+    b = m.tiles(300, 300, 32, 16)
+    assert (len(calls) > n) != interval  # another shape: evaluated again unless intervals
+    assert torch.equal(b, tiles_from_dense(m.to_dense(300, 300), 32, 16))
 
 
 def test_tiles_bounded_memory(monkeypatch):
@@ -126,8 +131,19 @@ def test_composes_with_builtins(combo):
     assert ((t == EMPTY) <= (exact == EMPTY)).all() and ((t == FULL) <= (exact == FULL)).all()
 
 
-def test_intervals_is_none():
-    assert masks.from_function(sliding).intervals(L, S) is None
+def test_intervals_found_in_the_one_evaluation():
+    """An interval-shaped function gives its rows' intervals; a gap in any row (of any head)
+    makes it None; the evaluation also classified the first tiles."""
+    got = masks.from_function(sliding).intervals(L, S)
+    assert got is not None
+    lo, hi = got
+    j = torch.arange(S)
+    assert torch.equal(((j >= lo[..., None].long()) & (j < hi[..., None].long()))[0, 0],
+                       masks.sliding_window(5).to_dense(L, S)[0, 0])
+    assert masks.from_function(lambda b, h, q, k: (q - k) % 7 != 3).intervals(L, S) is None
+    gap_in_head_2 = masks.from_function(lambda b, h, q, k: (k != 3) | (h != 2), heads=3)
+    assert gap_in_head_2.intervals(L, S) is None
+    assert masks.from_function(lambda b, h, q, k: k > 40 + q).intervals(L, S) is not None  # empty
 
 
 @pytest.mark.parametrize("fn,match", [
@@ -243,3 +259,40 @@ def test_tiled_keeps_chunk_masks_across_calls(dtype):
     got = attnlab.attention(q, k, v, mask=m, backend="tiled")
     assert torch.equal(got.isnan(), want.isnan())
     assert (got[~want.isnan()] - want[~want.isnan()]).abs().max() < 1e-5
+
+
+# -- b and h from the call (issue 35 item 1) ------------------------------------------------------
+
+
+def checkerboard(b, h, q, k):
+    return (q // 7 + k // 5 + b + h) % 2 == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_function_reading_b_and_h_is_evaluated_at_the_calls(backend):
+    """Without batch_size/heads, a per-batch, per-head checkerboard at B = 2, H = 4 is evaluated
+    at every b and h of the call, never at b = h = 0 only."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 300, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    b, h = torch.arange(2)[:, None, None, None], torch.arange(4)[None, :, None, None]
+    i, j = torch.arange(300)[:, None], torch.arange(300)[None, :]
+    dense = checkerboard(b, h, i, j)  # (2, 4, 300, 300)
+    want = attnlab.attention(q, k, v, attn_mask=dense, backend="math")
+    out = attnlab.attention(q, k, v, mask=masks.from_function(checkerboard), backend=backend)
+    assert (out - want).abs().max() < 1e-10
+
+
+def test_b_and_h_read_or_not():
+    m = masks.from_function(checkerboard)
+    assert m.reads() == (True, True)
+    assert masks.from_function(lambda b, h, q, k: (q >= k) | (h == 1)).reads() == (False, True)
+    assert masks.from_function(sliding).reads() == (False, False)
+    assert masks.from_function(sliding).for_call(3, 5).batch_size == 1
+    bound = m.for_call(2, 4)
+    assert (bound.batch_size, bound.heads) == (2, 4) and m.for_call(2, 4) is bound
+    with pytest.raises(AttnlabError, match="reads b and h"):
+        m.to_dense(8, 8)  # outside a call, how many b and h is not known: never b = h = 0
+    with pytest.raises(AttnlabError, match="heads=4"):
+        masks.from_function(checkerboard, batch_size=2, heads=1).for_call(2, 4)
+    both = masks.causal() & ~m  # composites take the call's sizes too
+    assert both.for_call(2, 4).heads == 4 and both.for_call(2, 4) is both.for_call(2, 4)

@@ -106,3 +106,58 @@ def test_compiled_flex_on_cpu_builtin_mask():
     want = attnlab.attention(q, k, v, backend="math", mask=m)
     out = attnlab.attention(q, k, v, backend="flex", mask=m)
     assert (out - want).abs().max() < 1e-5
+
+
+# -- issue 35: flex against the other backends --------------------------------------------------
+
+
+def test_per_batch_padding_on_flex(eager):
+    """Item 11: per-batch key lengths with no query lengths (each indexed on its own)."""
+    q, k, v = qkv(L=40, S=40, Hkv=4)
+    for m in (masks.padding(key_lengths=[40, 25]), masks.padding(query_lengths=[40, 17]),
+              masks.padding(key_lengths=31, query_lengths=[40, 17])):
+        want = attnlab.attention(q, k, v, mask=m, backend="math")
+        out = attnlab.attention(q, k, v, mask=m, backend="flex")
+        assert (out - want).abs().max() < 1e-10, m
+
+
+def test_lse_of_a_finfo_min_row_on_flex(eager):
+    """Item 7: a row whose float mask is finfo.min everywhere (HF's padding) has the other
+    backends' lse (-3.4e38) and output, not -inf."""
+    q, k, v = (t.float() for t in qkv(L=8, S=8, Hkv=4))
+    bias = torch.zeros(8, 8)
+    bias[3] = torch.finfo(torch.float32).min
+    bias[5, :4] = torch.finfo(torch.float32).min
+    want, want_lse = attnlab.attention(q, k, v, attn_mask=bias, backend="math", return_lse=True)
+    out, lse = attnlab.attention(q, k, v, attn_mask=bias, backend="flex", return_lse=True)
+    assert lse.isfinite().all()
+    assert torch.equal(lse[..., 3], want_lse[..., 3])  # -3.4e38 + log(8) rounds to -3.4e38
+    assert ((lse - want_lse).abs() <= 1e-6 * want_lse.abs() + 1e-5).all()
+    assert (out - want).abs().max() < 1e-6
+
+
+def test_bf16_score_mod_casting_a_table_on_flex(eager):
+    """Item 7: a score_mod casting a captured table with .to(score.dtype) sees float32 scores on
+    flex as on every other backend, so its lse is theirs."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(64, generator=g) * 3
+
+    def mod(s, b, h, q, k):
+        return s + table[(q - k).abs()].to(s.dtype)
+
+    q, k, v = (t.bfloat16() for t in qkv(L=32, S=32, Hkv=4))
+    want, want_lse = attnlab.attention(q, k, v, score_mod=mod, backend="math", return_lse=True)
+    out, lse = attnlab.attention(q, k, v, score_mod=mod, backend="flex", return_lse=True)
+    assert (lse - want_lse).abs().max() < 1e-3
+    assert (out.float() - want.float()).abs().max() < 3e-2  # bf16 outputs: a few ulps
+
+
+@pytest.mark.parametrize("ret", [lambda s, b, h, q, k: s > 0, lambda s, b, h, q, k: s.long(),
+                                 lambda s, b, h, q, k: 1.0, lambda s, b, h, q, k: None,
+                                 lambda s, b, h, q, k: s + torch.zeros(3)[q + 10]],
+                         ids=["bool", "int", "float", "none", "raises"])
+def test_flex_score_mod_returns_are_checked(eager, ret):
+    """Item 11: int/bool returns are not accepted, and other bad ones raise one AttnlabError."""
+    q, k, v = qkv(L=8, S=8, Hkv=4)
+    with pytest.raises(AttnlabError, match="score_mod"):
+        attnlab.attention(q, k, v, backend="flex", score_mod=ret)

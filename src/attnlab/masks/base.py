@@ -75,6 +75,27 @@ class Mask:
         """Exactly SDPA's `is_causal=True` (query i sees keys j <= i) at every L, S."""
         return False
 
+    def for_call(self, B: int, H: int) -> Mask:
+        """This mask as a call with B batch elements (the last batch dim) and H heads evaluates
+        it: itself, unless a part of it (a mask function reading b or h) takes its batch or
+        heads from the call. Kept per (B, H), so the caches of the result serve every call."""
+        return self
+
+    def mask_mod(self, L: int, S: int, device=None):
+        """This mask as FlexAttention's mask_mod(b, h, q_idx, kv_idx) -> bool for an L×S call on
+        `device`. Compiled Flex lowers it into its kernel, so it is pointwise: arithmetic on the
+        indices (scalars there, broadcast tensors here) and loads from captured tensors, no
+        reshapes or searches. This default loads the row's key interval when the mask has them,
+        else the mask materialised once on the device (L×S bools); kinds override it."""
+        iv = self.intervals(L, S, device=device)
+        if iv is not None:
+            lo, hi = iv  # (Bm|1, Hm|1, L) int32
+            pb, ph = pick(lo.shape[0]), pick(lo.shape[1])
+            return lambda b, h, q, k: (k >= lo[pb(b), ph(h), q]) & (k < hi[pb(b), ph(h), q])
+        t = self.to_dense(L, S, device)  # (Bm, Hm, L, S)
+        pb, ph = pick(t.shape[0]), pick(t.shape[1])
+        return lambda b, h, q, k: t[pb(b), ph(h), q, k]
+
     def simplified(self, L: int, S: int) -> Mask | None:
         """An equal, simpler mask for an L×S score matrix; None when it allows every pair."""
         return self
@@ -174,6 +195,27 @@ SIZES_KEPT = 4
 KEPT_ROWS = 1 << 21
 
 
+def pick(n: int):
+    """The index into a dim of size n: the batch/head index itself, or 0 when the dim is
+    broadcast (size 1)."""
+    return (lambda i: i) if n > 1 else (lambda i: 0)
+
+
+def _for_call(m: Mask, B: int, H: int, parts: tuple, make) -> Mask:
+    """A combinator's for_call: itself when no part changes, else make(*new parts), kept."""
+    got = tuple(p.for_call(B, H) for p in parts)
+    if all(a is b for a, b in zip(got, parts)):
+        return m
+    per = _FOR_CALL.setdefault(m, {})
+    if (B, H) not in per:
+        per[(B, H)] = make(*got)
+    return per[(B, H)]
+
+
+#: per combinator: its masks for (B, H), living as long as it
+_FOR_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _rows3(x: torch.Tensor, L: int) -> torch.Tensor:
     """A per-row tensor as (Bm|1, Hm|1, L): leading 1s added, a broadcast row dim expanded."""
     while x.dim() < 3:
@@ -223,6 +265,9 @@ class _Binary(Mask):
         self.a.check(L, S)
         self.b.check(L, S)
 
+    def for_call(self, B, H):
+        return _for_call(self, B, H, (self.a, self.b), type(self))
+
     @property
     def shift_invariant(self) -> bool:
         return self.a.shift_invariant and self.b.shift_invariant
@@ -236,6 +281,10 @@ class And(_Binary):
 
     def _intervals(self, L, S, device):
         return _and_intervals(self, L, S, device)
+
+    def mask_mod(self, L, S, device=None):
+        a, b = self.a.mask_mod(L, S, device), self.b.mask_mod(L, S, device)
+        return lambda bi, h, q, k: a(bi, h, q, k) & b(bi, h, q, k)
 
     def _block(self, rows, cols, L, S):
         return as_4d(self.a._block(rows, cols, L, S)) & as_4d(self.b._block(rows, cols, L, S))
@@ -283,6 +332,10 @@ class Or(_Binary):
     def _intervals(self, L, S, device):
         return _or_intervals(self, L, S, device)
 
+    def mask_mod(self, L, S, device=None):
+        a, b = self.a.mask_mod(L, S, device), self.b.mask_mod(L, S, device)
+        return lambda bi, h, q, k: a(bi, h, q, k) | b(bi, h, q, k)
+
     def _block(self, rows, cols, L, S):
         return as_4d(self.a._block(rows, cols, L, S)) | as_4d(self.b._block(rows, cols, L, S))
 
@@ -300,6 +353,13 @@ class Not(Mask):
 
     def check(self, L, S):
         self.a.check(L, S)
+
+    def for_call(self, B, H):
+        return _for_call(self, B, H, (self.a,), Not)
+
+    def mask_mod(self, L, S, device=None):
+        a = self.a.mask_mod(L, S, device)
+        return lambda b, h, q, k: ~a(b, h, q, k)
 
     @property
     def shift_invariant(self) -> bool:

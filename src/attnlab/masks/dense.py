@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.masks.base import Mask, as_4d, classify
+from attnlab.masks.base import Mask, as_4d, classify, pick
 
 
 class Dense(Mask):
@@ -37,6 +37,11 @@ class Dense(Mask):
     def _block(self, rows, cols, L, S):
         t = self.tensor.to(rows.device)
         return t[:, :, rows][:, :, :, cols]
+
+    def mask_mod(self, L, S, device=None):
+        t = self.tensor.to(device)  # (Bm, Hm, L, S)
+        pb, ph = pick(t.shape[0]), pick(t.shape[1])
+        return lambda b, h, q, k: t[pb(b), ph(h), q, k]
 
     def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
         bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1

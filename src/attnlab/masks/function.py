@@ -11,18 +11,25 @@ return a bool tensor broadcastable to (Bm, Hm, R, C): write it with elementwise 
 tensors, which is also what torch's FlexAttention requires (it calls the same function on scalars
 under vmap, so one function serves both).
 
-Tile classes are exact, as `create_block_mask` computes them: fn is evaluated on every pair, a
-band of query rows at a time (memory bounded by BLOCK_ENTRIES), and each tile reduced to EMPTY /
-FULL / PARTIAL. The result is cached per (L, S, block sizes, device), so one mask reused across
-layers and steps pays it once. Cost: L·S evaluations of fn on the first use of each shape.
+Batch and heads: whether fn reads `b` or `h` is found from the shape it returns on broadcast
+indices (b of 2 rows, h of 2 columns); an attention call then evaluates it at every batch
+element and head of the call (`for_call(B, H)`), never at b = h = 0 only. Outside a call, such a
+mask needs batch_size= / heads= (as create_block_mask's B and H).
 
-Caution: the cache assumes fn's answer for a given shape never changes; build a new mask when
-the tensors fn captures change. `intervals()` returns None (a function is not known to be
-interval-shaped without evaluating it everywhere); the interval kernel then does not take it and
-the tiled kernel does.
+One evaluation: fn runs on every pair once per (L, S, device), a band of query rows at a time
+(memory bounded by BLOCK_ENTRIES), and that pass gives both the exact tile classes (as
+`create_block_mask` computes them) and, per row, whether its keys form one interval. When every
+row's do, the mask is interval-shaped: `intervals()` returns them, so the compiled interval kernel
+runs it like a built-in window, and later tile classes come from the intervals without calling fn
+again. Cost: L·S evaluations of fn on the first use of each shape.
+
+Caution: the results are cached with the mask, so they assume fn's answer for a given shape never
+changes; build a new mask when the tensors fn captures change (or capture copies).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -32,42 +39,99 @@ from attnlab.masks.base import Mask, _size, classify
 
 #: entries of the (Bm, Hm, rows, S) bool block evaluated at a time while classifying tiles
 BLOCK_ENTRIES = 1 << 24
+#: the tile the first evaluation classifies besides the intervals: the tiled kernel's
+#: (BLOCK_Q, BLOCK_K), so a mask that is not interval-shaped is evaluated once there too
+FIRST_TILES = (128, 64)
 
 
 class FunctionMask(Mask):
     """A mask given by fn(b, h, q_idx, kv_idx) -> bool; batch_size/heads: how many b and h it
-    depends on (1: the same for all, fn sees b = 0 / h = 0)."""
+    covers (None: found from the call when fn reads them, else 1)."""
 
-    def __init__(self, fn, batch_size: int = 1, heads: int = 1):
+    def __init__(self, fn, batch_size: int | None = None, heads: int | None = None):
         if not callable(fn):
             raise AttnlabError(f"from_function: expected a callable fn(b, h, q_idx, kv_idx), "
                                f"got {type(fn).__name__}")
         for name, n in (("batch_size", batch_size), ("heads", heads)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise AttnlabError(f"{name}: expected a positive int, got {n!r}"[:200])
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise AttnlabError(f"{name}: expected a positive int or None, got {n!r}"[:200])
         self.fn = fn
-        self.batch_size, self.heads = batch_size, heads
+        self.given = (batch_size, heads)
+        self.batch_size, self.heads = batch_size or 1, heads or 1
         self._tile_cache: dict = {}
+        self._reads: dict = {}  # device -> (reads b, reads h)
+        self._calls: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
-    def mask_mod(self, b, h, q_idx, kv_idx):
-        """fn itself, in FlexAttention's convention (torch's Flex kernels call this)."""
-        return self.fn(b, h, q_idx, kv_idx)
+    # -- batch and heads from the call ---------------------------------------------------------
+    def reads(self, device=None) -> tuple[bool, bool]:
+        """(fn reads b, fn reads h): found once from the shape fn returns on broadcast indices
+        b (2, 1, 1, 1), h (1, 2, 1, 1) (zeros, so any table indexed by them is in range)."""
+        key = str(torch.device("cpu") if device is None else torch.device(device))
+        if key not in self._reads:
+            z = lambda *s: torch.zeros(*s, dtype=torch.int64, device=device)  # noqa: E731
+            out = self._call_fn(z(2, 1, 1, 1), z(1, 2, 1, 1), z(1, 1, 1, 1), z(1, 1, 1, 1))
+            if out.dim() > 4:
+                raise AttnlabError(f"from_function: fn returned shape {tuple(out.shape)}, which "
+                                   f"does not broadcast to (Bm, Hm, R, C)")
+            shape = (1,) * (4 - out.dim()) + tuple(out.shape)
+            self._reads[key] = (shape[0] > 1, shape[1] > 1)
+        return self._reads[key]
 
-    def _intervals(self, L, S, device):
-        """None: a function is not known to be interval-shaped (see the module's Caution)."""
-        return None
+    def for_call(self, B: int, H: int) -> Mask:
+        """This mask as a call with B batch elements and H heads evaluates it: fn at every b < B
+        it reads, every h < H (one mask per (B, H), kept, so its caches serve every such call)."""
+        rb, rh = self.reads()
+        gb, gh = self.given
+        for name, reads, given, n in (("batch_size", rb, gb, B), ("heads", rh, gh, H)):
+            if reads and given is not None and given != n:
+                raise AttnlabError(
+                    f"from_function: fn reads {'b' if name == 'batch_size' else 'h'}, and "
+                    f"{name}={given} but the call has {n}; pass {name}={n} or leave it None")
+        want = (gb if gb is not None else (B if rb else 1),
+                gh if gh is not None else (H if rh else 1))
+        if (gb is not None or not rb) and (gh is not None or not rh):
+            return self  # sized already, or fn reads neither
+        got = self._calls.get(want)
+        if got is None:
+            got = FunctionMask(self.fn, *want)
+            got._reads = self._reads
+            self._calls[want] = got
+            self._tile_cache[("for_call", want)] = got  # kept as long as this mask
+        return got
 
-    def _block(self, rows, cols, L, S):
-        dev = rows.device
-        b = torch.arange(self.batch_size, device=dev)[:, None, None, None]  # (Bm, 1, 1, 1)
-        h = torch.arange(self.heads, device=dev)[None, :, None, None]  # (1, Hm, 1, 1)
-        q = rows[None, None, :, None]  # (1, 1, R, 1)
-        k = cols[None, None, None, :]  # (1, 1, 1, C)
+    def _unsized(self, device) -> None:
+        """AttnlabError when fn reads b or h but this mask does not know how many there are."""
+        rb, rh = self.reads(device)
+        gb, gh = self.given
+        if (rb and gb is None and self.batch_size == 1) or (rh and gh is None and self.heads == 1):
+            what = " and ".join(n for n, r in (("b", rb and gb is None), ("h", rh and gh is None))
+                                if r)
+            raise AttnlabError(
+                f"from_function: fn reads {what}; pass batch_size= / heads= to evaluate it "
+                f"outside an attention call (a call evaluates it at its own B and H)")
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def _call_fn(self, b, h, q, k) -> torch.Tensor:
         out = self.fn(b, h, q, k)
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
             raise AttnlabError(
                 f"from_function: fn must return a bool tensor, got "
                 f"{getattr(out, 'dtype', type(out).__name__)}")
+        return out
+
+    def mask_mod(self, L: int, S: int, device=None):
+        """fn itself: FlexAttention calls it with the kernel's own b, h, q_idx, kv_idx."""
+        return self.fn
+
+    def _block(self, rows, cols, L, S):
+        dev = rows.device
+        if (self.batch_size, self.heads) == (1, 1):
+            self._unsized(dev)
+        b = torch.arange(self.batch_size, device=dev)[:, None, None, None]  # (Bm, 1, 1, 1)
+        h = torch.arange(self.heads, device=dev)[None, :, None, None]  # (1, Hm, 1, 1)
+        q = rows[None, None, :, None]  # (1, 1, R, 1)
+        k = cols[None, None, None, :]  # (1, 1, 1, C)
+        out = self._call_fn(b, h, q, k)
         try:
             return out.expand(self.batch_size, self.heads, len(rows), len(cols))
         except RuntimeError:
@@ -76,13 +140,33 @@ class FunctionMask(Mask):
                 f"to (Bm, Hm, R, C) = ({self.batch_size}, {self.heads}, {len(rows)}, "
                 f"{len(cols)})") from None
 
+    def _intervals(self, L, S, device):
+        """The rows' key intervals when every row's keys are one interval (found in the one
+        evaluation of fn, `_evaluate`), else None; None on an accelerator, where finding them
+        would read a flag back to the host (and no interval kernel runs there)."""
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        return self._evaluate(L, S, dev)["intervals"] if dev.type == "cpu" else None
+
+    def intervals_copied(self, L, S, device):
+        """None: fn may read tensors that live on `device`, so it is not evaluated on the host."""
+        return None
+
     def tiles(self, L, S, block_q, block_k, device=None):
         dev = torch.device("cpu") if device is None else torch.device(device)
-        key = (L, S, block_q, block_k, str(dev))  # the block sizes known without a sync
+        L, S = _size("L", L), _size("S", S)
+        bq, bk = _size("block_q", block_q, 1), _size("block_k", block_k, 1)
+        key = (L, S, bq, bk, str(dev))  # the block sizes known without a sync
         if key not in self._tile_cache:
-            L, S = _size("L", L), _size("S", S)
-            bq, bk = _size("block_q", block_q, 1), _size("block_k", block_k, 1)
-            self._tile_cache[key] = self._classes_sized(L, S, bq, bk, dev)
+            ev = self._evaluate(L, S, dev, (bq, bk))
+            if key not in self._tile_cache:  # not classified in that pass: from the intervals
+                from attnlab.masks.band import band_tiles
+
+                lo, hi = (x.long().expand(self.batch_size, self.heads, L)
+                          for x in ev["intervals"])
+                q_lo = torch.arange(0, L, bq, device=dev)
+                k_lo = torch.arange(0, S, bk, device=dev)
+                k_hi = torch.clamp(k_lo + bk - 1, max=S - 1)
+                self._tile_cache[key] = band_tiles(lo, hi, q_lo, k_lo, k_hi)
         return self._tile_cache[key]
 
     def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
@@ -97,23 +181,53 @@ class FunctionMask(Mask):
         what they derive it for; it lives as long as the mask, like the tile classes."""
         return self._tile_cache.setdefault(("memo", key), {})
 
+    def _evaluate(self, L, S, dev, blocks=None) -> dict:
+        """The one pass of fn over every pair for (L, S, dev): {"intervals": (lo, hi) int64
+        (Bm, Hm, L) or None}, and the tile classes at `blocks` (default FIRST_TILES) stored in
+        the tile cache. A later call with other block sizes classifies from the intervals when
+        there are some, else evaluates fn again for those tiles only."""
+        key = ("evaluated", L, S, str(dev))
+        got = self._tile_cache.get(key)
+        if got is not None and (blocks is None or got["intervals"] is not None):
+            return got
+        bq, bk = blocks or FIRST_TILES
+        self._tile_cache[(L, S, bq, bk, str(dev))], iv = self._classes_sized(L, S, bq, bk, dev)
+        if got is None:
+            got = self._tile_cache[key] = {"intervals": iv}
+        return got
+
     def _classes_sized(self, L, S, bq, bk, dev):
-        """Exact classes (Bm, Hm, ceil(L/bq), ceil(S/bk)): fn on bands of whole query blocks,
-        each reduced by padding to whole tiles and reshaping (the fast form, sizes known)."""
+        """(exact classes (Bm, Hm, ceil(L/bq), ceil(S/bk)), intervals or None): fn on bands of
+        whole query blocks, each reduced by padding to whole tiles and reshaping, and per row to
+        its first and last key and count (one interval when count = last - first + 1)."""
         nq, nk = -(-L // bq), -(-S // bk)
-        out = torch.empty(self.batch_size, self.heads, nq, nk, dtype=torch.int8, device=dev)
-        per_band = max(1, BLOCK_ENTRIES // max(1, self.batch_size * self.heads * S * bq))
+        Bm, Hm = self.batch_size, self.heads
+        out = torch.empty(Bm, Hm, nq, nk, dtype=torch.int8, device=dev)
+        rows = L if dev.type == "cpu" else 0  # intervals are looked for on the host only
+        lo = torch.zeros(Bm, Hm, rows, dtype=torch.int64, device=dev)
+        hi = torch.zeros_like(lo)
+        one = torch.ones((), dtype=torch.bool, device=dev)  # every row one interval so far
+        per_band = max(1, BLOCK_ENTRIES // max(1, Bm * Hm * S * bq))
         cols = torch.arange(S, device=dev)
         for t0 in range(0, nq, per_band):  # whole query blocks at a time
             t1 = min(nq, t0 + per_band)
             r0, r1 = t0 * bq, min(L, t1 * bq)
             m = self.block(torch.arange(r0, r1, device=dev), cols, L, S)  # (Bm, Hm, r, S)
             pad = (0, nk * bk - S, 0, (t1 - t0) * bq - (r1 - r0))
-            shape = (self.batch_size, self.heads, t1 - t0, bq, nk, bk)
+            shape = (Bm, Hm, t1 - t0, bq, nk, bk)
             any_ = F.pad(m, pad, value=False).reshape(shape).any(-1).any(-2)
             all_ = F.pad(m, pad, value=True).reshape(shape).all(-1).all(-2)
             out[:, :, t0:t1] = classify(all_, ~any_)
-        return out
+            if S and dev.type == "cpu":
+                u = m.to(torch.uint8)  # (Bm, Hm, r, S)
+                first = u.argmax(-1)  # (Bm, Hm, r): the first key attended (0 if none)
+                last = S - u.flip(-1).argmax(-1)  # one past the last
+                n = u.sum(-1, dtype=torch.int64)
+                live = n > 0
+                one = one & ((n == last - first) | ~live).all()
+                lo[:, :, r0:r1] = torch.where(live, first, 0)
+                hi[:, :, r0:r1] = torch.where(live, last, 0)
+        return out, ((lo, hi) if dev.type == "cpu" and bool(one) else None)
 
     def _classes(self, L, S, q_first, k_first):
         """Exact classes (Bm, Hm, nQ, nK) of tiles starting at q_first (nQ,) × k_first (nK,):
@@ -144,12 +258,12 @@ class FunctionMask(Mask):
 
     def __repr__(self):
         name = getattr(self.fn, "__name__", type(self.fn).__name__)
-        return f"from_function({name}, batch_size={self.batch_size}, heads={self.heads})"
+        return f"from_function({name}, batch_size={self.given[0]}, heads={self.given[1]})"
 
 
-def from_function(fn, batch_size: int = 1, heads: int = 1) -> FunctionMask:
+def from_function(fn, batch_size: int | None = None, heads: int | None = None) -> FunctionMask:
     """A mask from fn(b, h, q_idx, kv_idx) -> bool tensor (True = may attend), FlexAttention's
-    mask_mod convention; pass batch_size / heads when fn depends on b / h (as create_block_mask's
-    B and H). Composes with & | ~ and every built-in mask."""
+    mask_mod convention. When fn reads b or h, an attention call evaluates it at its own batch
+    and heads; batch_size / heads (as create_block_mask's B and H) fix them for use outside a
+    call. Composes with & | ~ and every built-in mask."""
     return FunctionMask(fn, batch_size, heads)
-

@@ -56,6 +56,10 @@ class Causal(Mask):
         hi = torch.arange(L, device=device) + _offset(self.align, L, S) + 1  # (L,): keys j <= i
         return torch.zeros_like(hi), hi
 
+    def mask_mod(self, L, S, device=None):
+        off = _offset(self.align, L, S)
+        return lambda b, h, q, k: k <= q + off
+
     def __repr__(self):
         return f"causal(align={self.align!r})"
 
@@ -90,6 +94,10 @@ class SlidingWindow(Mask):
     def _intervals(self, L, S, device):
         hi = torch.arange(L, device=device) + _offset(self.align, L, S) + 1  # (L,)
         return hi - self._size(L, S), hi
+
+    def mask_mod(self, L, S, device=None):
+        off, size = _offset(self.align, L, S), self._size(L, S)
+        return lambda b, h, q, k: (k <= q + off) & (k > q + off - size)
 
     def __repr__(self):
         return f"sliding_window({self.size}, align={self.align!r})"

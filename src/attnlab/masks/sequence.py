@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.masks.base import Mask, classify
+from attnlab.masks.base import Mask, classify, pick
 
 
 class KeyPrefix(Mask):
@@ -29,6 +29,10 @@ class KeyPrefix(Mask):
     def _intervals(self, L, S, device):
         n = self.lengths.to(device)[:, None, None]  # (Bm, 1, 1)
         return torch.zeros_like(n), n
+
+    def mask_mod(self, L, S, device=None):
+        n, pb = self.lengths.to(device), pick(self.lengths.numel())  # (Bm,)
+        return lambda b, h, q, k: k < n[pb(b)]
 
     def __repr__(self):
         return f"key_prefix({self.lengths.tolist()})"
@@ -102,6 +106,11 @@ class Padding(Mask):
         full = (k_hi < kl) & (q_hi < ql)  # (Bm, 1, nQ, nK)
         empty = (k_lo >= kl) | (q_lo >= ql)
         return classify(*torch.broadcast_tensors(full, empty))
+
+    def mask_mod(self, L, S, device=None):
+        kl, ql = (t.reshape(-1) for t in self._limits(device))  # (Bm|1,) each, on their own
+        pk, pq = pick(kl.numel()), pick(ql.numel())
+        return lambda b, h, q, k: (k < kl[pk(b)]) & (q < ql[pq(b)])
 
     def _intervals(self, L, S, device):
         kl, ql = (x[..., 0] for x in self._limits(device))  # (Bm, 1, 1) each
@@ -187,6 +196,11 @@ class Document(Mask):
         full = (q_min == q_max) & (k_min == k_max) & (q_min == k_min)
         empty = (q_max < k_min) | (k_max < q_min)
         return classify(*torch.broadcast_tensors(full, empty))[:, None]  # (Bm, 1, nQ, nK)
+
+    def mask_mod(self, L, S, device=None):
+        qs, ks = self.q_seg.to(device), self.kv_seg.to(device)  # (Bm|1, L), (Bm|1, S)
+        pq, pk = pick(qs.shape[0]), pick(ks.shape[0])
+        return lambda b, h, q, k: qs[pq(b), q] == ks[pk(b), k]
 
     def _intervals(self, L, S, device):
         """Each key segment must be one run of equal ids; a query's interval is its id's run."""

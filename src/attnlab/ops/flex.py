@@ -19,6 +19,7 @@ depend on are broadcast (size 1), as create_block_mask(B=None, H=None) makes the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -27,7 +28,7 @@ import weakref
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.masks import FULL, PARTIAL, FunctionMask, Mask, from_dense
+from attnlab.masks import FULL, PARTIAL, Mask, from_dense
 from attnlab.ops import captured, second_order
 from attnlab.ops.problem import Problem
 
@@ -91,12 +92,18 @@ def forward(p: Problem, need_lse: bool):
     bm = None if mask is None else block_mask(mask, d.L, d.S, dev)
     # torch compiles Flex on CPU for inference without an lse: an lse there comes from eager Flex
     fused = compiled() and not (dev.type == "cpu" and need_lse)
+    bias, shift = _bias_of(p)
+    sm = score_mod_of(p, B, bias, shift)
+    check_score_mod(sm, dev)
     with warnings.catch_warnings():  # eager Flex warns that it is unfused: we chose it
         warnings.filterwarnings("ignore", message=".*without torch.compile")
-        out, lse = run_kernel(_kernel(fused), q, k, v, need_lse, score_mod=score_mod_of(p, B),
+        out, lse = run_kernel(_kernel(fused), q, k, v, need_lse, score_mod=sm,
                               block_mask=bm, scale=p.scale, enable_gqa=d.groups > 1)
     out = out.reshape(*p.query.shape[:-1], d.Dv)  # (B, H, L, Dv) -> (..., H, L, Dv)
-    lse = lse.reshape(p.query.shape[:-1]) if need_lse else None  # (B, H, L) -> (..., H, L)
+    if need_lse:
+        if shift is not None:  # rows moved down in the score_mod, moved back (B|1, H|1, L|1, 1)
+            lse = lse + shift[..., 0].to(lse.dtype)
+        lse = lse.reshape(p.query.shape[:-1])  # (B, H, L) -> (..., H, L)
     return second_order.no_second_order('backend "flex"', out, lse)  # its backward: no graph
 
 
@@ -161,74 +168,25 @@ def _kv_blocks(sel: torch.Tensor):
 
 
 def mask_mod_of(mask: Mask, L: int, S: int, device=None):
-    """The mask as FlexAttention's mask_mod(b, h, q_idx, kv_idx) on scalar indices.
-
-    Compiled Flex lowers a mask_mod into its kernel, so it must be pointwise: arithmetic on the
-    indices and loads from captured tensors, no reshapes or searches. Each kind gets that form
-    here: a mask function is itself; causal and sliding windows are comparisons; band masks
-    (window, ragged_causal, block_diagonal) and any mask with per-row intervals load their row's
-    [lo, hi); padding, prefixes, documents and dense masks load their lengths / ids / bits;
-    `&`, `|`, `~` combine their parts. A kind with none of these is materialised once on the
-    device (L×S bools) and loaded.
-    """
-    from attnlab.masks.base import And, Not, Or
-    from attnlab.masks.dense import Dense
-    from attnlab.masks.positional import Causal, SlidingWindow
-    from attnlab.masks.sequence import Document, KeyPrefix, Padding
-
-    if isinstance(mask, FunctionMask):
-        return mask.fn
-    if isinstance(mask, (And, Or)):
-        a, b = mask_mod_of(mask.a, L, S, device), mask_mod_of(mask.b, L, S, device)
-        if isinstance(mask, And):
-            return lambda bi, h, q, k: a(bi, h, q, k) & b(bi, h, q, k)
-        return lambda bi, h, q, k: a(bi, h, q, k) | b(bi, h, q, k)
-    if isinstance(mask, Not):
-        a = mask_mod_of(mask.a, L, S, device)
-        return lambda bi, h, q, k: ~a(bi, h, q, k)
-    if isinstance(mask, Causal):
-        off = 0 if mask.align == "top_left" else S - L
-        return lambda b, h, q, k: k <= q + off
-    if isinstance(mask, SlidingWindow):
-        off, size = (0 if mask.align == "top_left" else S - L), mask._size(L, S)
-        return lambda b, h, q, k: (k <= q + off) & (k > q + off - size)
-    if isinstance(mask, Padding):
-        kl, ql = (t.reshape(-1).to(device) for t in mask._limits(device))  # (Bm,) each
-        pick = _pick(mask.batch_size)
-        return lambda b, h, q, k: (k < kl[pick(b)]) & (q < ql[pick(b)])
-    if isinstance(mask, KeyPrefix):
-        n, pick = mask.lengths.to(device), _pick(mask.batch_size)
-        return lambda b, h, q, k: k < n[pick(b)]
-    if isinstance(mask, Document):
-        qs, ks = mask.q_seg.to(device), mask.kv_seg.to(device)  # (Bm|1, L), (Bm|1, S)
-        pq, pk = _pick(qs.shape[0]), _pick(ks.shape[0])
-        return lambda b, h, q, k: qs[pq(b), q] == ks[pk(b), k]
-    iv = mask.intervals(L, S, device=device) if hasattr(mask, "intervals") else None
-    if iv is not None:
-        lo, hi = iv  # (Bm|1, Hm|1, L) int32
-        pb, ph = _pick(lo.shape[0]), _pick(lo.shape[1])
-        return lambda b, h, q, k: (k >= lo[pb(b), ph(h), q]) & (k < hi[pb(b), ph(h), q])
-    t = mask.tensor.to(device) if isinstance(mask, Dense) else mask.to_dense(L, S, device)
-    pb, ph = _pick(t.shape[0]), _pick(t.shape[1])
-    return lambda b, h, q, k: t[pb(b), ph(h), q, k]
+    """The mask as FlexAttention's mask_mod(b, h, q_idx, kv_idx): each kind says how Flex sees
+    it (`Mask.mask_mod`, pointwise, as compiled Flex lowers it into its kernel)."""
+    return mask.mask_mod(L, S, device)
 
 
-def _pick(n: int):
-    """The index into a dim of size n: the batch/head index itself, or 0 when the dim is
-    broadcast (size 1)."""
-    return (lambda i: i) if n > 1 else (lambda i: 0)
-
-
-def score_mod_of(p: Problem, B: int):
+def score_mod_of(p: Problem, B: int, bias=None, shift=None):
     """One score_mod with the user's, softcap, ALiBi and a float attn_mask, in the pipeline's
-    order; None when the call has none of them."""
+    order; None when the call has none of them. The user's sees float32 scores for fp16/bf16
+    inputs, as every other backend's pipeline gives it (so a table it casts with
+    `.to(score.dtype)` keeps its precision), and must return float scores. bias: the float
+    attn_mask and its per-row shift as `_bias_of` gives them (default: computed here)."""
     user, cap, slopes = p.score_mod, p.softcap, p.alibi_slopes
-    bias = None
-    if p.attn_mask is not None and p.attn_mask.dtype != torch.bool:
-        bias = _bias4(p.attn_mask, p.dims)  # (B|1, H|1, L|1, S|1)
-    if cap is None and slopes is None and bias is None:
-        return user  # the user's own function (or None): the same object call after call, so
-        # torch.compile's guards on it hold and nothing recompiles
+    if user is not None:
+        user = _checked(user)
+    if bias is None:
+        bias, shift = _bias_of(p)
+    if cap is None and slopes is None and bias is None and shift is None:
+        return user  # the same object call after call, so torch.compile's guards on it hold
+        # and nothing recompiles
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if user is not None:
@@ -240,6 +198,73 @@ def score_mod_of(p: Problem, B: int):
         if bias is not None:
             idx = [i if n > 1 else 0 for i, n in zip((b, h, q_idx, kv_idx), bias.shape)]
             score = score + bias[idx[0], idx[1], idx[2], idx[3]].to(score.dtype)
+        if shift is not None:  # after the bias, so the sum rounds as on every other backend
+            idx = [i if n > 1 else 0 for i, n in zip((b, h, q_idx), shift.shape)]
+            score = score - shift[idx[0], idx[1], idx[2], 0].to(score.dtype)
         return score
 
     return score_mod
+
+
+#: per user score_mod: its checked float32 form (one object per function, so compiled Flex's
+#: guards on it hold call after call)
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _checked(user):
+    """user's score_mod called on scores in float32 at least, its result checked to be float
+    scores."""
+    try:
+        return _CHECKED[user]
+    except (KeyError, TypeError):
+        pass
+
+    def checked(score, b, h, q_idx, kv_idx):
+        if score.dtype in (torch.float16, torch.bfloat16):
+            score = score.to(torch.float32)
+        out = user(score, b, h, q_idx, kv_idx)
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            raise AttnlabError(f"score_mod: must return a float tensor of scores, got "
+                               f"{getattr(out, 'dtype', type(out).__name__)}")
+        return out
+
+    with contextlib.suppress(TypeError):  # not weakly referenceable: a fresh wrapper each call
+        _CHECKED[user] = checked
+    return checked
+
+
+def check_score_mod(fn, device) -> None:
+    """Call the score_mod once on one score (broadcast (1, 1, 1, 1) indices, as the other
+    backends call it; no value read back), so that a function that returns no float scores, or
+    fails, raises one AttnlabError here rather than an error from inside torch's tracing."""
+    if fn is None:
+        return
+    i = torch.zeros(1, 1, 1, 1, dtype=torch.int64, device=device)
+    try:
+        fn(torch.zeros(1, 1, 1, 1, dtype=torch.float32, device=device), i, i, i, i)
+    except AttnlabError:
+        raise
+    except Exception as e:  # the user's function failed: say so, naming it
+        raise AttnlabError(f"score_mod: raised {type(e).__name__} on one score: {e}"[:300]) \
+            from None
+
+
+#: a float attn_mask row whose largest entry is below this is shifted up before Flex sees it:
+#: Flex keeps its lse in log2 units, and an lse near finfo.min overflows there to -inf
+SHIFT_BELOW = -1e30
+
+
+def _bias_of(p: Problem):
+    """(bias (B|1, H|1, L|1, S|1) or None, per-row shift (B|1, H|1, L|1, 1) or None): the float
+    attn_mask, and for each row whose every entry lies below SHIFT_BELOW (HF's finfo.min over a
+    whole row) its largest entry, which the score_mod subtracts after adding the bias and the lse
+    gets back after the kernel: the softmax is unchanged (a constant per row, the sum rounded as
+    on every other backend), and the lse equals theirs (-3.4e38, not -inf)."""
+    if p.attn_mask is None or p.attn_mask.dtype == torch.bool:
+        return None, None
+    bias = _bias4(p.attn_mask, p.dims)  # (B|1, H|1, L|1, S|1)
+    finite = torch.where(torch.isfinite(bias), bias, torch.finfo(bias.dtype).min)
+    top = finite.amax(-1, keepdim=True)  # (B|1, H|1, L|1, 1)
+    shift = torch.where((top < SHIFT_BELOW) & torch.isfinite(bias).any(-1, keepdim=True),
+                        top, torch.zeros((), dtype=top.dtype, device=top.device))
+    return bias, shift

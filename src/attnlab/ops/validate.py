@@ -82,6 +82,9 @@ def _structured(mask, is_causal, dims) -> Mask | None:
                 f"mask: expected a mask from attnlab.masks, got {type(mask).__name__}; "
                 "pass dense tensors as attn_mask="
             )
+        # a mask function reading b or h is evaluated at this call's batch and heads (the mask's
+        # batch dim lines up with the last batch dim)
+        mask = mask.for_call(dims.batch[-1] if dims.batch else 1, dims.H if dims.ndim > 2 else 1)
         mask.check(dims.L, dims.S)
         mshape = (mask.batch_size, mask.heads, dims.L, dims.S)
         if not broadcasts_to(mshape, dims.scores_shape):
