@@ -53,15 +53,6 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _inputs(cfg: Config):
-    g = torch.Generator().manual_seed(0)
-    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}[cfg.dtype]
-    q = torch.randn(1, cfg.H, cfg.L, cfg.D, generator=g).to(dt)
-    k = torch.randn(1, cfg.Hkv, cfg.L, cfg.D, generator=g).to(dt)
-    v = torch.randn(1, cfg.Hkv, cfg.L, cfg.D, generator=g).to(dt)
-    return q, k, v
-
-
 def _timed(step, repeats: int):
     base = _rss_mib()
     t0 = time.perf_counter()
@@ -79,12 +70,13 @@ def _timed(step, repeats: int):
 def _rank_main(rank, world, cfg: Config, strategy: str) -> dict:
     """One rank's measurements (run by `attnlab.distributed.spawn` in a fresh process)."""
     from attnlab.cli.plan_cp import parse_mask
+    from distributed_inputs import inputs
 
     mask, is_causal = parse_mask(cfg.mask, cfg.L)
     if strategy == "single":
         import attnlab
 
-        q, k, v = (x.requires_grad_() for x in _inputs(cfg))
+        q, k, v = (x.requires_grad_() for x in inputs(cfg))
 
         def step():
             out = attnlab.attention(q, k, v, mask=mask, is_causal=is_causal,
@@ -96,7 +88,7 @@ def _rank_main(rank, world, cfg: Config, strategy: str) -> dict:
     import attnlab.distributed as cp
 
     # the whole tensors are dropped once sharded
-    ql, kl, vl = [cp.shard(x, cfg.layout).requires_grad_() for x in _inputs(cfg)]
+    ql, kl, vl = [cp.shard(x, cfg.layout).requires_grad_() for x in inputs(cfg)]
     logs = []
 
     def step():

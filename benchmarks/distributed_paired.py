@@ -29,12 +29,12 @@ def _rank(rank, world, cfg, strategy: str) -> list[tuple[float, float]]:
     import attnlab
     import attnlab.distributed as cp
     from attnlab.cli.plan_cp import parse_mask
-    from distributed import _inputs
+    from distributed_inputs import inputs
 
     mask, is_causal = parse_mask(cfg.mask, cfg.L)
     gqa = cfg.Hkv != cfg.H
-    whole = [x.requires_grad_() for x in _inputs(cfg)] if rank == 0 else None
-    part = [cp.shard(x, cfg.layout).requires_grad_() for x in _inputs(cfg)]
+    whole = [x.requires_grad_() for x in inputs(cfg)] if rank == 0 else None
+    part = [cp.shard(x, cfg.layout).requires_grad_() for x in inputs(cfg)]
 
     def one():
         out = attnlab.attention(*whole, mask=mask, is_causal=is_causal, enable_gqa=gqa)

@@ -174,6 +174,26 @@ def finish_forward(ctx, c: Call, state, q, k, v):
     return out.to(q.dtype), lse
 
 
+def strategy_function(name: str, forward, backward) -> type[torch.autograd.Function]:
+    """The torch.autograd.Function of a strategy (ring, all-gather) from its two passes:
+    forward(ctx, q, k, v, c) -> (out, lse) and backward(ctx, c, q, k, v, saved, dq_acc) ->
+    (dq, dk, dv, None), each run inside `comm.during` (its collectives named by call and pass)."""
+
+    def fwd(ctx, q, k, v, c: Call):
+        with comm.during(c.call_no, "forward"):
+            return forward(ctx, q, k, v, c)
+
+    def bwd(ctx, dout, dlse):
+        c, q, k, v, saved, dq = start_backward(ctx, dout, dlse)
+        with comm.during(c.call_no, "backward"):
+            return backward(ctx, c, q, k, v, saved, dq)
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(fwd), "backward": staticmethod(bwd),
+        "__module__": forward.__module__,
+        "__doc__": f"Context-parallel attention's {name}: {forward.__module__}'s two passes."})
+
+
 def start_backward(ctx, dout, dlse):
     """(c, q, k, v, saved, dq_acc) for a strategy's backward: `saved` as `backward_block` takes
     it, dq_acc zeros (B, H, L_local, D) in the accumulation dtype."""

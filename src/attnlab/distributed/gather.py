@@ -59,19 +59,6 @@ def _sparse_gather(c: Call, k, v, phase: str):
     return blocks
 
 
-class GatherAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, c: Call):
-        with comm.during(c.call_no, "forward"):
-            return _forward(ctx, q, k, v, c)
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        c, q, k, v, saved, dq = attend.start_backward(ctx, dout, dlse)
-        with comm.during(c.call_no, "backward"):
-            return _backward(ctx, c, q, k, v, saved, dq)
-
-
 def _forward(ctx, q, k, v, c: Call):
     dense = c.world > 1 and c.geom.all_need_all
     gather = _dense_gather if dense else _sparse_gather
@@ -128,3 +115,6 @@ def _sparse_return(c: Call, grads, k, v):
         dk.index_add_(2, rows, gk)
         dv.index_add_(2, rows, gv)
     return dk, dv
+
+
+GatherAttention = attend.strategy_function("GatherAttention", _forward, _backward)

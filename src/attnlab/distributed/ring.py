@@ -19,9 +19,7 @@ are reused; nothing of size L×S is kept.
 
 from __future__ import annotations
 
-import torch
-
-from attnlab.distributed import attend, comm
+from attnlab.distributed import attend
 from attnlab.distributed.attend import Call
 from attnlab.distributed.comm import Exchange
 
@@ -81,19 +79,6 @@ def _absorb(pending, dk, dv) -> None:
         dv.index_add_(2, rows, gv)
 
 
-class RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, c: Call):
-        with comm.during(c.call_no, "forward"):
-            return _forward(ctx, q, k, v, c)
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        c, q, k, v, saved, dq = attend.start_backward(ctx, dout, dlse)
-        with comm.during(c.call_no, "backward"):
-            return _backward(ctx, c, q, k, v, saved, dq)
-
-
 def _forward(ctx, q, k, v, c: Call):
     Dv = v.shape[-1]
     q_acc = q.to(c.acc)
@@ -137,3 +122,6 @@ def _backward(ctx, c: Call, q, k, v, saved, dq):
     if pending is not None:
         _absorb(pending, dk, dv)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+RingAttention = attend.strategy_function("RingAttention", _forward, _backward)

@@ -39,12 +39,11 @@ def _intervals(p: Problem):
 def applies(p: Problem) -> bool:
     """The kernel runs this call: interval-shaped, and the kernel available (built on first use);
     answered once per Problem (the dispatcher asks more than once)."""
-    from attnlab.ops import kernels
-    from attnlab.ops.kernels import build
+    from attnlab.ops.kernels import build  # not the package: it imports ops.weights, which us
 
     key = ("kernels.applies", None)
     if key not in p.memo:
-        p.memo[key] = build.enabled() and intervals_of(p) is not None and kernels.available()
+        p.memo[key] = build.enabled() and intervals_of(p) is not None and build.get() is not None
     return p.memo[key]
 
 
