@@ -362,3 +362,31 @@ def dense_reference(q, k, v, mask_mod=None, score_mod=None, scale=None):
     lse = torch.logsumexp(s, -1)
     w = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
     return w @ v, lse
+
+
+def gallery_rows() -> list[str]:
+    """The docs' gallery table ("Coming from FlexAttention"): per case, the form each function
+    took and the path flex_attention runs (fp32, the case's sizes, gradients on)."""
+    from attnlab.flex import api, create_block_mask
+
+    rows = []
+    for name, c in CASES.items():
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(c.B, c.H, c.L, 16, generator=g).requires_grad_()
+        k, v = (torch.randn(c.B, c.Hkv, c.S, 16, generator=g) for _ in range(2))
+        bm = None
+        if c.mask_mod is not None:
+            B, H = (c.B, c.H) if c.mask_bh else (None, None)
+            bm = create_block_mask(c.mask_mod, B, H, c.L, c.S, device="cpu")
+        choice = api.select_backend(q, k, v, score_mod=c.score_mod, block_mask=bm,
+                                    enable_gqa=c.Hkv != c.H)
+        fn = getattr(api.mask_of(bm, q, k), "fn", None)
+        mod = api.mod_of(c.score_mod)
+        fused = None if mod is None else api.fused_of(c.score_mod, mod, q)
+        forms = [f"{what}: {x.form}" for what, x in (("mask_mod", fn), ("score_mod", mod))
+                 if x is not None and not (what == "score_mod" and fused)]
+        if fused:
+            forms.append("score_mod: fused as " + " and ".join(
+                f"softcap={v:g}" if k == "softcap" else "ALiBi" for k, v in fused.items()))
+        rows.append(f"| {name} | {', '.join(forms)} | {choice.backend} |")
+    return rows

@@ -66,11 +66,14 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                            kernel_options=kernel_options, return_aux=return_aux)
     want_lse = bool(return_lse) or (return_aux is not None and bool(return_aux.lse))
     want_max = return_aux is not None and bool(return_aux.max_scores)
-    mask, mod = mask_of(block_mask, query, key), mod_of(score_mod)
-    out, lse = attention(query, key, value, scale=scale, enable_gqa=enable_gqa, mask=mask,
-                         score_mod=mod, return_lse=True) if want_lse or want_max else (attention(
-                             query, key, value, scale=scale, enable_gqa=enable_gqa, mask=mask,
-                             score_mod=mod), None)
+    mask, mod, fused = mask_of(block_mask, query, key), mod_of(score_mod), None
+    if mod is not None:
+        fused = fused_of(score_mod, mod, query)
+    kw = dict(scale=scale, enable_gqa=enable_gqa, mask=mask, **(fused or {"score_mod": mod}))
+    if want_lse or want_max:
+        out, lse = attention(query, key, value, return_lse=True, **kw)
+    else:
+        out, lse = attention(query, key, value, **kw), None
     if return_aux is None:
         return (out, lse) if return_lse else out
     from torch.nn.attention.flex_attention import AuxOutput
@@ -79,8 +82,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if want_max:
         from attnlab.flex.maxima import max_scores
 
-        top = max_scores(query, key, value, lse, scale=scale, enable_gqa=enable_gqa, mask=mask,
-                         score_mod=mod)
+        top = max_scores(query, key, value, lse, **kw)
     return out, AuxOutput(lse=lse if want_lse else None, max_scores=top)
 
 
@@ -93,11 +95,13 @@ def select_backend(query, key, value, score_mod=None, block_mask=None, scale=Non
     if on_cuda(query):
         return dispatch.Choice("flex", "CUDA: torch's compiled flex_attention, as given")
     want_lse = bool(return_lse) or return_aux is not None
-    mask, mod = mask_of(block_mask, query, key), mod_of(score_mod)
+    mask, mod, fused = mask_of(block_mask, query, key), mod_of(score_mod), None
+    if mod is not None:
+        fused = fused_of(score_mod, mod, query)
     p = make_problem(query, key, value, None, 0.0, False, scale, enable_gqa, mask=mask,
-                     score_mod=mod)
+                     **(fused or {"score_mod": mod}))
     choice = dispatch.choose(p, need_lse=want_lse)
-    forms = _forms(p, mask, mod)
+    forms = _forms(p, mask, mod, fused)
     return dispatch.Choice(choice.backend, choice.reason + (f"; {forms}" if forms else ""))
 
 
@@ -106,7 +110,7 @@ def on_cuda(query) -> bool:
     return query.device.type == "cuda"
 
 
-def _forms(p, mask, mod) -> str:
+def _forms(p, mask, mod, fused) -> str:
     """Which form each function took, probing it on a few pairs of this call if it has not run
     yet (the probe is the first block of its shape, so nothing is evaluated twice)."""
     d, dev = p.dims, p.query.device
@@ -118,7 +122,11 @@ def _forms(p, mask, mod) -> str:
             fn(ar(mask.batch_size)[:, None, None, None], ar(mask.heads)[None, :, None, None],
                ar(d.L)[None, None, :, None], ar(d.S)[None, None, None, :])
         said.append(f"mask_mod {fn.__name__}: {fn.form} form")
-    if isinstance(mod, Adapted):
+    if fused:
+        what = " and ".join(f"softcap={v:g}" if k == "softcap" else "ALiBi slopes"
+                            for k, v in fused.items())
+        said.append(f"score_mod {getattr(mod, '__name__', 'score_mod')}: fused as {what}")
+    elif isinstance(mod, Adapted):
         if mod.form is None:
             B = math.prod(d.batch)
             s = torch.zeros(min(B, 8), min(d.H, 8), min(d.L, 8), min(d.S, 8),
@@ -204,6 +212,22 @@ def mod_of(score_mod):
         got = adapt(score_mod, score=True)
         _MODS[score_mod] = got
     return got
+
+
+def fused_of(score_mod, mod, query) -> dict | None:
+    """The built-in modifiers score_mod is exactly (`flex.fuse`), as attention's keyword
+    arguments, or None; the graph is read once per function, the slopes once per head count."""
+    from attnlab.flex.fuse import builtin_of
+    from attnlab.ops.scores import accum_dtype
+
+    if not isinstance(mod, Adapted) or isinstance(score_mod, Adapted):
+        return None  # an attnlab modifier (it binds itself), or an Adapted the caller made
+    acc = accum_dtype(query.dtype)
+    key = ("fused", query.shape[1], acc, str(query.device))
+    store = mod.__dict__.setdefault("_fused", {})
+    if key not in store:
+        store[key] = builtin_of(score_mod, mod, query.shape[1], acc, query.device)
+    return store[key]
 
 
 @functools.lru_cache(maxsize=1)
