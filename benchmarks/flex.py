@@ -153,8 +153,10 @@ def main(argv=None) -> int:
         print(f"| {name} | {f['flex']:.4f} | {f['builtin']:.4f} | {f['flex'] / f['builtin']:.2f} "
               f"| {f['compiled']:.4f} | {f['flex'] / f['compiled']:.2f} | {b['flex']:.3f} | "
               f"{b['sdpa']:.3f} | {b['flex'] / b['sdpa']:.2f} |")
-    print("\none-off costs per shape (s): | mask | create_block_mask | attnlab's first call "
-          "(BlockMask conversion) | torch.compile's first call |")
+    print("\none-off costs per shape (s), outside the medians:\n")
+    print("| mask | create_block_mask | attnlab's first call (BlockMask conversion) | "
+          "torch.compile's first call |")
+    print("|---|---|---|---|")
     for name, _, _, made, convert, compile_s in rows:
         print(f"| {name} | {made:.2f} | {convert:.2f} | {compile_s:.1f} |")
     return 0
