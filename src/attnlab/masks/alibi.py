@@ -70,6 +70,10 @@ class ALiBi:
             if kl.numel() not in (1, B) or ql.numel() not in (1, B):
                 raise AttnlabError(f"alibi lengths: expected one per batch element ({B}), got "
                                    f"{kl.numel()} key and {ql.numel()} query lengths")
+            for name, t, n in (("query_lengths", self.q_len, L), ("key_lengths", self.k_len, S)):
+                if t is not None and int(t.max()) > n:
+                    raise AttnlabError(f"alibi {name}: lengths {t.tolist()} exceed the padded "
+                                       f"length {n}"[:200])
             off = kl - ql  # (Bo,)
         return ALiBi(self.slopes.to(device), self.symmetric, self.align, _offsets=off.to(device))
 

@@ -37,6 +37,11 @@ class BlockDiagonal(Band):
         self.left, self.right = _reach("left", left), _reach("right", right)
         check_choice("align", align, ALIGNS)
         self.align = align
+        for name, t in (("query_lengths", self.q_len), ("key_lengths", self.k_len)):
+            total = sum(t.tolist())  # Python ints: a sum past int64 is seen, not wrapped
+            if total >= 2**62:
+                raise AttnlabError(f"{name}: the sequences hold {total} positions in all, more "
+                                   f"than a call can have (2**62)")
         zero = torch.zeros(1, dtype=torch.int64)
         self.q_start = torch.cat([zero, self.q_len.cumsum(0)])  # (n+1,)
         self.k_start = torch.cat([zero, self.k_len.cumsum(0)])

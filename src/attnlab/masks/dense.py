@@ -24,7 +24,7 @@ class Dense(Mask):
                 f"from_dense: expected shape (L, S), (H, L, S) or (B, H, L, S), "
                 f"got {fmt_shape(t.shape)}"
             )
-        self.tensor = as_4d(t)  # (Bm, Hm, L, S)
+        self.tensor = as_4d(_own(t))  # (Bm, Hm, L, S): a copy, the caller's may change
         self.batch_size, self.heads = self.tensor.shape[0], self.tensor.shape[1]
 
     def check(self, L, S):
@@ -58,6 +58,17 @@ class Dense(Mask):
         return f"from_dense(tensor of shape {fmt_shape(self.tensor.shape)})"
 
 
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t that shares no memory with it; broadcast (stride 0) dims stay broadcast, so
+    an expanded row costs one row, not the whole matrix."""
+    t = t.detach()
+    wide = [d for d in range(t.dim()) if t.stride(d) == 0 and t.shape[d] > 1]
+    base = t
+    for d in wide:
+        base = base.narrow(d, 0, 1)
+    return base.clone().expand(t.shape)
+
+
 def from_dense(tensor) -> Dense:
-    """Wrap a bool mask tensor (True = may attend) as a Mask."""
+    """A bool mask tensor (True = may attend) as a Mask (of a copy of it)."""
     return Dense(tensor)

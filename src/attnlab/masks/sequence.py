@@ -55,8 +55,8 @@ def _lengths(name: str, x) -> torch.Tensor:
 
 
 def as_int_tensor(name: str, x, what: str) -> torch.Tensor:
-    """x as an int64 tensor, or AttnlabError naming `name` (strings, ragged nesting, floats,
-    integers beyond int64 are refused)."""
+    """x as a new int64 tensor (a copy: the caller may write into x afterwards), or AttnlabError
+    naming `name` (strings, ragged nesting, floats, integers beyond int64 are refused)."""
     if isinstance(x, (str, bytes)) or (isinstance(x, torch.Tensor) and x.device.type == "meta"):
         raise AttnlabError(f"{name}: expected {what}, got {x!r}"[:200])
     try:
@@ -67,7 +67,7 @@ def as_int_tensor(name: str, x, what: str) -> torch.Tensor:
         raise AttnlabError(f"{name}: expected {what}, got {why}: {x!r}"[:200]) from None
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise AttnlabError(f"{name}: expected {what}, got dtype {t.dtype}")
-    return t.to(torch.int64)
+    return t.detach().to(torch.int64, copy=True)
 
 
 class Padding(Mask):
