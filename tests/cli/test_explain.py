@@ -22,9 +22,46 @@ def run(capsys, *args):
 def test_main_job_shows_it_borrowing_from_cat(capsys):
     rc, out, err = run(capsys, SENTENCE, "--token", "it")
     assert rc == 0 and err == ""
-    cat = next(line for line in out.splitlines() if line.strip().startswith("cat "))
+    cat = next(line for line in out.splitlines() if line.strip().startswith("2 cat "))
     assert 'borrows mostly from "cat"' in cat
     assert "the lesson's table" in out and "q·k score" in out
+
+
+def test_reading_honestly_weights_beside_rollout_positions_mask_and_scale(capsys):
+    from attnlab.explain.attention_flow import rollout
+    from attnlab.explain.model import run_model
+
+    rc, out, _ = run(capsys, SENTENCE, "--token", "it", "--plain")
+    assert rc == 0
+    att = run_model(SENTENCE)
+    r = rollout(att)[8]
+    flat = " ".join(out.split())
+    assert "where that head looks, not why the model decides anything" in flat
+    rows = {line.split()[1]: line.split() for line in out.splitlines()
+            if line[:6].strip().isdigit() and " L" in line}
+    assert rows["tired"][:5] == ["10", "tired", "L2", "H8", "76.7%"]
+    assert rows["tired"][5] == f"{100 * r[10]:.1f}%" and rows["[CLS]"][5] == f"{100 * r[0]:.1f}%"
+    layer2 = att.weights[2, :, 8, 10].mean()
+    assert (f'layer 2\'s heads give "tired" {100 * layer2:.1f}% on average where head 8 alone '
+            "gives 76.7%") in flat
+    assert "scale: × 1/√32 = 0.1768" in flat and "every key gets +0" in flat
+    table = out[out.index("q·k score"):].splitlines()
+    assert table[0].split()[-4:] == ["×", "1/√32", "mask", "softmax"]
+    assert table[11].split() == ["10", "tired", "32.45", "5.74", "+0", "76.7%"]
+
+
+def test_a_repeated_word_is_named_and_lost_text_warned(capsys):
+    rc, out, _ = run(capsys, "Mary gave the café to mary 🙂", "--token", "mary", "--plain")
+    assert rc == 0
+    flat = " ".join(out.split())
+    assert '"mary" is token 1; "mary" is also token 6 (--token 6 explains that one).' in flat
+    assert 'uncased English model: it reads "café" as "cafe"' in flat
+    assert '"🙂" became [UNK]' in flat
+    rc, out, _ = run(capsys, "Mary gave the café to mary 🙂", "--token", "mary", "--json")
+    doc = json.loads(out)
+    assert doc["also"] == [[6]] and len(doc["warnings"]) == 2
+    assert doc["rollout"][1] == pytest.approx(json.loads(out)["rollout"][1])
+    assert sum(doc["rollout"]) == pytest.approx(1.0) and sum(doc["layer_mean"]) == pytest.approx(1)
 
 
 def test_json_schema(capsys):

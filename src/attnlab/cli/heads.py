@@ -44,7 +44,10 @@ def add_parser(sub):
                    help="sort heads by this statistic, largest first (default: max; induction "
                    "with --repeat-random)")
     p.add_argument("--top", type=int, default=None, metavar="K",
-                   help="show the first K heads (default: all)")
+                   help="show the first K heads (default: 8 in the short report, all with --all)")
+    p.add_argument("--all", action="store_true",
+                   help="the full table: every head, 13 statistics each (default: a short "
+                   "report, the top heads and their labels in words)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="also draw a layers x heads heatmap of the --sort statistic (.png/.svg; "
                    "default: no figure)")
@@ -78,6 +81,9 @@ def run(args) -> int:
         raise AttnlabError(f"--top {args.top}: expected a positive number")
     if args.repeat_random is not None and args.repeat_random < 1:
         raise AttnlabError(f"--repeat-random {args.repeat_random}: expected a positive number")
+    if args.probe_seed < 0:
+        raise AttnlabError(f"--probe-seed {args.probe_seed}: expected a non-negative seed "
+                           "(0, 1, 2, ...)")
     texts = _texts(args)
     if args.output:
         check_output("-o", args.output, (".png", ".svg"))
@@ -108,7 +114,8 @@ def run(args) -> int:
             what = "dup and ind from" if texts else "every statistic on"
             note = (f"{what} the induction probe: {args.repeat_random} random tokens then the "
                     f"same again (seed {args.probe_seed})")
-        sys.stdout.write(render_heads(stats, sort=sort, top=args.top, probe=note))
+        sys.stdout.write(render_heads(stats, sort=sort, top=args.top, probe=note,
+                                      full=args.all))
     if args.output:
         from attnlab.viz.head_figures import figure_stat, save_figure
 

@@ -87,6 +87,17 @@ def run_text(model, text: str):
     return run_model(text, model)
 
 
+def vocabulary_notes(loaded, text: str) -> list[str]:
+    """What the tokenizer of `loaded` (from `open_model`) lost of `text`: accents, words that
+    became [UNK] (`attnlab.explain.vocabulary`); none for a model attnlab trained."""
+    from attnlab.explain.vocabulary import vocabulary_warnings
+
+    tok = getattr(loaded, "tokenizer", None)
+    if getattr(loaded, "kind", None) != "hf" or not hasattr(tok, "tokenize"):
+        return []
+    return vocabulary_warnings(text, tok.tokenize, getattr(tok, "unk_token", None), loaded.name)
+
+
 def check_choice(name: str, value: str | None, choices) -> str | None:
     """`value` (None: not given) as one of `choices`, checked where the command runs: the names
     live with what they name, which `--help` does not import."""

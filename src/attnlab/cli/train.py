@@ -4,6 +4,7 @@ processes with `--nproc N [--dp D] [--cp C]`, or as one worker of a torchrun job
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -62,11 +63,24 @@ def add_parser(sub):
     return p
 
 
+def _need_train_extra() -> None:
+    """Refuse at once, naming the extra, when what training needs is not installed."""
+    import importlib.util
+
+    from attnlab.errors import AttnlabError
+
+    missing = [m for m in ("safetensors", "tqdm") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise AttnlabError(f"attnlab train needs the train extra ({', '.join(missing)} missing): "
+                           "pip install 'attnlab[train]'")
+
+
 def run(args) -> int:
     from attnlab.errors import AttnlabError
     from attnlab.models import PRESETS
     from attnlab.models.parallel import launched
 
+    _need_train_extra()
     if args.preset not in PRESETS:
         raise AttnlabError(f"--preset: unknown {args.preset!r}; expected one of {sorted(PRESETS)}")
     for flag, v in (("--max-steps", args.max_steps), ("--batch-size", args.batch_size),
@@ -100,6 +114,8 @@ def run(args) -> int:
 
 def _train_here(args, trainer, out: Path) -> int:
     _header(trainer, out)
+    if not args.quiet:
+        trainer.on_eval.append(_print_sample)
     if args.track_heads:
         from attnlab.explain.training import track_heads
 
@@ -214,6 +230,46 @@ def _summary(trainer, out: Path, peak_mib: float | None = None) -> None:
     print(f"step {trainer.step}: train loss {trainer.history[-1]['loss']:.4f}, val loss "
           f"{val:.4f}, {tps:,.0f} tokens/s, {trainer.elapsed_s:.1f} s training{peak}; saved "
           f"{out}")
+    prompt = sample_prompt(trainer)
+    print(f"next: attnlab generate --model {shlex.quote(str(out))} --prompt "
+          f"{shlex.quote(prompt)}")
+
+
+SAMPLE_TOKENS = 80
+
+
+def sample_prompt(trainer) -> str:
+    """A prompt every corpus can encode: the start of the validation text's second line (up to
+    12 characters, whole words), else its first 12 tokens."""
+    head = trainer.tokenizer.decode([int(i) for i in trainer.data.val[:400]])
+    lines = [x.strip() for x in head.split("\n")[1:-1] if x.strip()]
+    if lines:
+        words, line = lines[0].split(), ""
+        for w in words:
+            if line and len(line) + 1 + len(w) > 12:
+                break
+            line = f"{line} {w}".strip()
+        return line
+    return trainer.tokenizer.decode([int(i) for i in trainer.data.val[:12]])
+
+
+def _print_sample(trainer) -> None:
+    """At an evaluation: what the model writes now, from the validation text's first tokens
+    (seed 0; the training's own random state is untouched)."""
+    from attnlab.models import generate
+
+    prompt = sample_prompt(trainer)
+    ids = generate(trainer.model, trainer.tokenizer.encode(prompt), SAMPLE_TOKENS,
+                   temperature=0.8, seed=0)
+    text = trainer.tokenizer.decode(ids[len(trainer.tokenizer.encode(prompt)):])
+    line = (f"step {trainer.step}: val loss {trainer.val_history[-1]['val_loss']:.3f}; sample: "
+            f"{prompt!r} -> {text!r}")
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)  # above the progress bar, not through it
+    except ImportError:
+        print(line, flush=True)
 
 
 def _peak_mib() -> float | None:

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.options import add_model, add_threads, check_output, check_text, run_text
+from attnlab.cli.options import (
+    add_model,
+    add_threads,
+    check_output,
+    check_text,
+    open_model,
+    run_text,
+    vocabulary_notes,
+)
 
 
 def add_parser(sub):
@@ -38,7 +46,8 @@ def run(args) -> int:
     if args.token is not None:
         check_text("--token", args.token)
     out = check_output("-o", args.output, (".html", ".htm"))
-    ma = run_text(args.model, args.text)
+    loaded = open_model(args.model)
+    ma = run_text(loaded, args.text)
     write_page(ma, out, text=args.text, token=args.token)
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1024:.0f} KiB, {ma.model_name}, {ma.n_layers} layers x "
@@ -46,4 +55,6 @@ def run(args) -> int:
     o = opening(ma, args.token)
     print(f'it opens on layer {o["layer"]}, head {o["head"]}: the head explain ranks first for '
           f'"{ma.tokens[o["token"]]}" (token {o["token"]}), pinned')
+    for w in vocabulary_notes(loaded, args.text):
+        print(f"warning: {w}")
     return 0

@@ -54,6 +54,9 @@ def repeat_random(model: LoadedModel, n: int, *, seed: int = 0) -> ModelAttentio
     """Run `model` on N random tokens followed by the same N; every layer's attention."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise AttnlabError(f"n: expected a positive number of random tokens, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise AttnlabError(f"seed: expected a non-negative whole number (0, 1, 2, ...), got "
+                           f"{seed!r}")
     if model.kind == "attnlab":
         return _run_gpt(model, n, seed)
     return _run_hf(model, n, seed)

@@ -8,6 +8,12 @@ Works on `ModelAttention`, so Hugging Face models and GPTs attnlab trained share
     >>> report.detail.layer, report.detail.head
     >>> report.to_json()          # what `attnlab explain --json` prints
 
+What a weight shows (`READING`): how much one head, in one layer, mixes each token's value into
+the focus token; where that head looks, not why the model decides anything, nor what reaches the
+output. The report therefore carries attention rollout beside it (`rollout`: every layer, heads
+averaged, the residual counted) and the detail head's layer averaged over its heads
+(`layer_mean`), so the two answers can be compared.
+
 Ranking ("the top-ranked head"): the head that puts the largest weight on any one other token,
 not counting the token itself and the model's special tokens ([CLS], [SEP], <s>...), where many
 heads park attention they do not need, and leaving out positional heads: a head whose favourite key
@@ -23,7 +29,13 @@ import numpy as np
 
 from attnlab.capture import ModelAttention
 from attnlab.errors import AttnlabError
+from attnlab.explain.residual import residual_matrices, rollout_of
 from attnlab.tracing import jsonable
+
+#: what one attention weight does and does not show, in one line (explain prints it)
+READING = ("A weight is how much one head, in one layer, mixes a token's value into {word}: "
+           "where that head looks, not why the model decides anything, nor what reaches the "
+           "output (other heads, later layers and the residual stream mix everything again).")
 
 
 @dataclass
@@ -100,6 +112,7 @@ class HeadDetail:
     context_norm: float
     contributions: list[Contribution]
     why: str = ""
+    head_dim: int | None = None
 
 
 @dataclass
@@ -107,8 +120,11 @@ class ExplainReport:
     """Everything `attnlab explain` shows: the text as `tokens`, the word's `pieces` and the token
     speaking for it (`focus`), the `target`'s pieces (or None), the `special` token indices, every
     head's weights from the focus (`heads`), the best head per token (`per_token`), the `ranking`,
-    the `positional_heads` left out of it, and one head in `detail`. `to_json()` is the JSON of
-    `attnlab explain --json`."""
+    the `positional_heads` left out of it, and one head in `detail`; `rollout` (S,) is the focus
+    token's row of attention rollout (every layer, heads averaged, residual counted; None for a
+    cross-attention), `layer_mean` (S,) the detail head's layer with its heads averaged, `also`
+    the other tokens spelling the same word (a repeated word: index it to explain another).
+    `to_json()` is the JSON of `attnlab explain --json`."""
 
     model: str
     word: str
@@ -123,6 +139,9 @@ class ExplainReport:
     ranking: list[RankedHead]
     positional_heads: list[PositionalHead]
     detail: HeadDetail
+    rollout: list[float] | None = None
+    layer_mean: list[float] | None = None
+    also: list[list[int]] | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -181,6 +200,21 @@ def find_word(tokens: list[str], word: str | int) -> list[int]:
                     break
     raise AttnlabError(f"token {word!r}: not in the text; its tokens are {_listing(tokens)} "
                        "(pass a word from this list or its index)")
+
+
+def other_occurrences(tokens: list[str], pieces: list[int]) -> list[list[int]]:
+    """The other runs of tokens that spell the same word as `pieces` (a repeated word), each as
+    its token indices, in text order."""
+    normed = [_norm(t) for t in tokens]
+    want = [normed[i] for i in pieces]
+    n = len(want)
+    starts, ends = _word_edges(tokens, normed)
+    out = []
+    for i in range(len(tokens) - n + 1):
+        run = list(range(i, i + n))
+        if run != pieces and normed[i:i + n] == want and starts[i] and ends[i + n - 1]:
+            out.append(run)
+    return out
 
 
 def _listing(tokens: list[str]) -> str:
@@ -282,6 +316,7 @@ def head_detail(att: ModelAttention, focus: int, layer: int, head: int,
         mask=att.layer_mask(layer)[focus].astype(bool).tolist(),
         weights=t.weights[focus].tolist(),
         model_weights=att.weights[layer, head, focus].tolist(),
+        head_dim=None if att.queries is None else int(np.asarray(att.queries).shape[-1]),
         context_norm=float(np.sqrt(denom)) if context.any() else 0.0,
         contributions=[Contribution(index=int(j), token=att.tokens[j],
                                     weight=float(t.weights[focus][j]), norm=float(norm[j]),
@@ -340,4 +375,16 @@ def explain_token(att: ModelAttention, word: str | int, *, target: str | int | N
         positional_heads=[PositionalHead(layer=l, head=h, offset=o)
                           for (l, h), o in sorted(positional_heads(att, special).items())],
         detail=detail,
+        rollout=_rollout_row(att, focus),
+        layer_mean=np.nan_to_num(att.weights[detail.layer, :, focus]).mean(0).tolist(),
+        also=other_occurrences(att.tokens, pieces),
     )
+
+
+def _rollout_row(att: ModelAttention, focus: int) -> list[float] | None:
+    """Row `focus` of attention rollout (every layer, heads averaged), or None when the capture
+    is not a self-attention."""
+    w = np.nan_to_num(np.asarray(att.weights, dtype=np.float64))
+    if w.shape[-1] != w.shape[-2] or getattr(att, "query_tokens", None) is not None:
+        return None
+    return rollout_of(residual_matrices(w))[focus].tolist()

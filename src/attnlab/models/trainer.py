@@ -86,6 +86,9 @@ class Trainer:
         self.history: list[dict] = []  # per step: {"step", "loss", "lr"}
         self.val_history: list[dict] = []  # per validation: {"step", "val_loss"}
         self.tokens_seen, self.elapsed_s = 0, 0.0
+        #: called with the trainer after each evaluation's checkpoint (`attnlab train` prints a
+        #: sample there); the main process only
+        self.on_eval: list = []
         self._stop_requested = False  # this process was asked to stop (Ctrl-C)
         self._stop_agreed = False  # every rank knows: stop after this step
         self._saved_step: int | None = None  # step of the checkpoint in `out`, once there is one
@@ -247,6 +250,9 @@ class Trainer:
                                              self.history[-1]["lr"])
                     self.val_history.append({"step": self.step, "val_loss": val})
                     self.save()
+                    if self.parallel is None or self.parallel.is_main:
+                        for hook in self.on_eval:
+                            hook(self)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(self._postfix(loss, rate), refresh=False)
