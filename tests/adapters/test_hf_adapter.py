@@ -144,7 +144,7 @@ def test_record_captures_every_layer_and_head(minilm):
     assert not recording.recording()
 
 
-def test_softcap_passes_through_and_sinks_are_refused():
+def test_softcap_and_sinks_pass_through():
     from attnlab import AttnlabError
 
     torch.manual_seed(0)
@@ -157,8 +157,15 @@ def test_softcap_passes_through_and_sinks_are_refused():
     want = torch.softmax(s, -1)
     close(w, want, 1e-6, "softcapped weights")
     close(out, (want @ v).transpose(1, 2), 1e-5, "softcapped output")
-    with pytest.raises(AttnlabError, match="sinks"):
-        hf.attnlab_attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(2))
+    out, w = hf.attnlab_attention_forward(encoder, q, k, v, None, scaling=0.5,
+                                          s_aux=torch.tensor([0.0, 1.0]), output_attentions=True)
+    s = (q @ k.transpose(-1, -2)) * 0.5  # GPT-OSS's eager: the sink's logit in the softmax
+    e = torch.exp(s)
+    want = e / (e.sum(-1, keepdim=True) + torch.tensor([0.0, 1.0]).exp()[:, None, None])
+    close(w, want, 1e-6, "weights with sinks")
+    close(out, (want @ v).transpose(1, 2), 1e-5, "output with sinks")
+    with pytest.raises(AttnlabError, match="sinks: expected shape"):
+        hf.attnlab_attention_forward(encoder, q, k, v, None, s_aux=torch.zeros(3))
 
 
 def test_t5_position_bias_encoder_decoder_equal_eager():

@@ -25,7 +25,8 @@ Each call's per-head output passes through `attnlab.interventions` (ablation, pa
 it is returned; with no intervention active it is returned as computed.
 Caution: in training mode with dropout the returned weights are those before dropout, and under
 an intervention the weights the op computed (a fixed pattern changes the output only). Logit
-softcapping (Gemma 2) is passed on to the op; attention sinks are refused (AttnlabError).
+softcapping (Gemma 2) and learned attention sinks (GPT-OSS's `s_aux`) are passed on to the op;
+a recording of a call with sinks is refused (the lesson's steps have no sink).
 """
 
 from __future__ import annotations
@@ -121,8 +122,7 @@ def attnlab_attention_forward(
     query (B, H, L, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) -> (output (B, L, H, Dv),
     weights (B, H, L, S) when asked for, else None).
     """
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise AttnlabError("s_aux: attnlab attention has no attention sinks; use eager")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))  # GPT-OSS: its module.sinks, (H,)
     causal = _is_causal(module, is_causal, attention_mask, query.shape[-2])
     mask = attention_mask
     if kwargs.get("position_bias") is not None:
@@ -133,13 +133,18 @@ def attnlab_attention_forward(
                 enable_gqa=key.shape[-3] != query.shape[-3])
     if kwargs.get("softcap") is not None:  # Gemma 2: softcap * tanh(scaled score / softcap)
         args["softcap"] = float(kwargs["softcap"])
+    if sinks is not None:
+        args["sinks"] = sinks
     layer = None if _is_cross(module) else getattr(module, "layer_idx", None)
     if not _wants_weights(kwargs):
         out = attention(query, key, value, **args)  # (B, H, L, Dv)
         out = interventions.apply(layer, out, value)  # an active intervention's edit, if any
         return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
     p = make_problem(query, key, value, args["attn_mask"], args["dropout_p"], causal, scaling,
-                     args["enable_gqa"], mask=None, softcap=args.get("softcap"))
+                     args["enable_gqa"], mask=None, softcap=args.get("softcap"), sinks=sinks)
+    if sinks is not None and recording.recording():
+        raise AttnlabError("s_aux: a recording has no attention sinks (its steps are the "
+                           "lesson's softmax); record a model without them")
     out, _, weights = run_with_weights(p, row_block=WEIGHT_ROWS)  # weights (B, H, L, S)
     out = interventions.apply(layer, out, value)
     if recording.recording():

@@ -35,6 +35,7 @@ def attention(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     score_mod=None,
+    sinks: torch.Tensor | None = None,
 ):
     """Scaled dot-product attention: softmax(query · keyᵀ · scale + mask) · value.
 
@@ -79,9 +80,19 @@ def attention(
             tensors fn reads that need one (a learned bias table), as FlexAttention's backward
             returns them; "reference" computes it in float64 and refuses such tensors (no
             autograd), as does "flex" on CPU (forward only).
+        sinks: (H,) learned attention sinks (GPT-OSS): one extra logit t_h per head in every
+            row's softmax denominator, with no value: w_ij = exp(s_ij) / (exp(t_h) + Σ_j
+            exp(s_ij)). Not scaled, not modified or masked. On every backend (each one's out
+            and lse, the sink joined exactly: `attnlab.ops.sinks`), forward and backward, with
+            gradients to the sinks. The returned lse then includes the sink, log(exp(t_h) + Σ_j
+            exp(s_ij)), so weights recomputed from it (`attention_weights`) are the sink's
+            weights, which sum to 1 - exp(t_h - lse). A row with nothing to attend gets
+            output 0 (the sink takes all the mass, as transformers' eager GPT-OSS gives), lse
+            t_h and zero gradient to query, key and value.
 
     All masks given (attn_mask, is_causal, mask) apply together: a pair may attend only if every
-    one allows it. A query row that may attend to nothing gets output 0 and lse -inf, never NaN;
+    one allows it. A query row that may attend to nothing gets output 0 and lse -inf (t_h with
+    sinks), never NaN;
     NaN/Inf in a key or value that no query may attend never reaches the output.
 
     Returns:
@@ -91,7 +102,8 @@ def attention(
         AttnlabError: on bad input, naming the argument and showing the shapes.
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,
+                     sinks=sinks)
     check_choice("backend", backend, dispatch.BACKENDS)
     out, lse = dispatch.run(backend, p, need_lse=return_lse)
     return (out, lse) if return_lse else out
@@ -99,7 +111,7 @@ def attention(
 
 def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False, *, mask=None, return_lse=False, softcap=None,
-                   alibi_slopes=None, score_mod=None) -> dispatch.Choice:
+                   alibi_slopes=None, score_mod=None, sinks=None) -> dispatch.Choice:
     """Which backend `attention(..., backend="auto")` would run for these inputs, and why.
 
     Returns a Choice(backend, reason), backend one of `attnlab.BACKENDS` but "auto": on the CPU
@@ -107,10 +119,12 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     is built and not turned off by ATTNLAB_KERNEL=0), "sdpa" (no mask, top-left causal, small or
     dense masks), "tiled" (score_mod, masks that leave tiles empty or are too long for a dense
     mask), "math" (a float attn_mask that needs a gradient, empty inputs); on CUDA "sdpa",
-    "flex" or "math". "reference" is never chosen: it is the oracle.
+    "flex" or "math". "reference" is never chosen: it is the oracle. `sinks` choose as an lse
+    request does: they join every backend's out through its lse.
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,
+                     sinks=sinks)
     return dispatch.choose(p, need_lse=return_lse)
 
 
@@ -136,6 +150,7 @@ def attention_with_weights(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     score_mod=None,
+    sinks: torch.Tensor | None = None,
 ):
     """`attention`'s output and the exact attention weights of the rows asked for, in one call.
 
@@ -148,10 +163,12 @@ def attention_with_weights(
 
     Returns:
         (out (..., H, L, Dv), weights (..., H, R, S) in the accumulation dtype), or
-        (out, lse, weights) with `return_lse=True`. The weights are those before dropout.
+        (out, lse, weights) with `return_lse=True`. The weights are those before dropout;
+        with `sinks` they are the sink's (each row sums to 1 - exp(t_h - lse)).
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod)
+                     mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,
+                     sinks=sinks)
     check_choice("backend", backend, dispatch.BACKENDS)
     out, lse, w = run_with_weights(p, backend=backend, rows=rows)
     return (out, lse, w) if return_lse else (out, w)

@@ -8,12 +8,22 @@ backend's forward and why-not).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.ops import budget, flex, fused_cpu, nonfinite, nonfinite_device, plain, tiled
+from attnlab.ops import (
+    budget,
+    flex,
+    fused_cpu,
+    nonfinite,
+    nonfinite_device,
+    plain,
+    sinks,
+    tiled,
+)
 from attnlab.ops.backends import REGISTRY, interval_why_not, mask_grad, sdpa_on_math
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
@@ -42,6 +52,7 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     semantics match (no mask, top-left causal); the tiled loop wins as soon as a structured mask
     leaves tiles empty, and is the only other path whose memory stays linear in L.
     """
+    need_lse = need_lse or p.sinks is not None  # sinks join through the lse (`ops.sinks`)
     d = p.dims
     if _empty(p):
         return Choice("math", "empty input: nothing to compute")
@@ -147,6 +158,9 @@ def run(name: str, p: Problem, need_lse: bool, *, clean_always: bool = False):
     (`budget`) and of NaN/Inf in queries, keys and values (`nonfinite`; `clean_always`: keys and
     values too when the call has no mask, for a block of a masked context-parallel call).
     """
+    if p.sinks is not None:  # every backend's (out, lse), then the sinks joined exactly
+        out, lse = run(name, dataclasses.replace(p, sinks=None), True, clean_always=clean_always)
+        return sinks.attach(p, out, lse)
     if name == "auto":
         name = choose(p, need_lse).backend
     if _empty(p):

@@ -60,6 +60,9 @@ class Problem:
     #: FlexAttention's score_mod(score, b, h, q_idx, kv_idx) -> score, bound to this call; applied
     #: to the scaled product before every other modifier (`ops.scores.apply_score_mod`)
     score_mod: Callable | None = None
+    #: learned attention sinks (H,): one extra logit per head in every row's softmax, no value
+    #: (`ops.sinks`); the returned lse includes it
+    sinks: torch.Tensor | None = None
     finite: bool = False  # key and value are known to hold no NaN/Inf (checked once per call)
     #: what a call derives once from its masks (the tiled plan), shared by copies of the Problem
     memo: dict = field(default_factory=dict, repr=False, compare=False)

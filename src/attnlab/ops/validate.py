@@ -26,7 +26,7 @@ from attnlab.ops.problem import Dims, Problem
 
 
 def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *,
-                 mask, softcap=None, alibi_slopes=None, score_mod=None) -> Problem:
+                 mask, softcap=None, alibi_slopes=None, score_mod=None, sinks=None) -> Problem:
     """Validate a call once and fold its masks together."""
     dims = check_qkv(query, key, value, enable_gqa=bool(enable_gqa))
     if dims.ndim > 2:  # SDPA broadcasts batch dims (a key/value batch of 1 serves all): views
@@ -45,6 +45,7 @@ def make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         structured=structured, attn_mask=attn_mask,
         softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, dims, query.device),
         score_mod=check_score_mod(score_mod, dims, query.device),
+        sinks=check_sinks(sinks, dims, query.device),
     )
 
 
@@ -69,6 +70,11 @@ def check_score_mod(fn, dims, device):
 def check_alibi(slopes, dims, device) -> torch.Tensor | None:
     """alibi_slopes: None, or finite float slopes (H,) on query's device."""
     return None if slopes is None else check_slopes("alibi_slopes", slopes, dims.H, device=device)
+
+
+def check_sinks(sinks, dims, device) -> torch.Tensor | None:
+    """sinks: None, or finite float logits (H,), one per query head, on query's device."""
+    return None if sinks is None else check_slopes("sinks", sinks, dims.H, device=device)
 
 
 #: is_causal=True as a mask: one object, so the intervals kept with it serve every such call

@@ -51,7 +51,8 @@ def attention_weights(
     Args:
         query: (..., H, L, D), as given to `attnlab.attention`.
         key: (..., Hkv, S, D).
-        lse: (..., H, L), the log-sum-exp the attention call returned.
+        lse: (..., H, L), the log-sum-exp the attention call returned (with `sinks=` it
+            includes them, and so the weights are the sink's: no sinks argument needed here).
         rows: which query rows: None (all), an int, a slice, or a sequence/1-D tensor of ints.
         mask, scale, attn_mask, is_causal, enable_gqa, softcap, alibi_slopes, score_mod: exactly
             as passed to
