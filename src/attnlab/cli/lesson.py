@@ -1,4 +1,6 @@
-"""`attnlab lesson`: the lessons' worked example, computed by the library.
+"""`attnlab lesson`: the worked example of two lessons, "Attention Mechanisms: First Intuition"
+(the idea without math) and "Attention Mechanisms: Why the Math Looks Like This" (why the dot
+product, softmax, the weighted sum and 1/√d), computed by the library.
 
 `--html` writes the same lesson as one explorable, offline page (drag the query, edit the numbers,
 every percentage recomputed live): `attnlab lesson --html -o lesson.html`.
@@ -59,7 +61,7 @@ def _write_html(args) -> int:
 def run(args) -> int:
     from attnlab.errors import AttnlabError
     from attnlab.explain.lesson_sections import SECTIONS, build_lesson
-    from attnlab.viz.lesson_text import render_lesson
+    from attnlab.viz.lesson_text import intro, render_lesson
     from attnlab.viz.terminal import wanted
 
     check_choice("--section", args.section, list(SECTIONS))
@@ -74,7 +76,9 @@ def run(args) -> int:
     elif wanted(args.plain):  # a terminal: the text plus coloured bars and heatmaps
         from attnlab.viz.terminal_reports import show_lesson
 
+        if not args.section:
+            sys.stdout.write(intro())
         show_lesson(sections)
     else:
-        sys.stdout.write(render_lesson(sections))
+        sys.stdout.write((intro() if not args.section else "") + render_lesson(sections))
     return 0

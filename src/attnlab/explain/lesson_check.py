@@ -11,11 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab.explain.lesson_records import Borrow, Check, Compare, Question, Section
+from attnlab.explain.lessons import FIRST, MATH
 from attnlab.formats import pct, vec
 from attnlab.tracing import trace
-
-FIRST = "Attention Mechanisms: First Intuition"
-MATH = "Attention Mechanisms: Why the Math Looks Like This"
 
 
 def _recipe(tokens, weights) -> str:

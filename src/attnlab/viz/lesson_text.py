@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnlab.explain.lesson_records import Section
+from attnlab.explain.lessons import lessons_intro
 from attnlab.formats import pct, vec
 
 
@@ -87,6 +88,18 @@ def _check(s) -> list[str]:
 
 RENDERERS = {"compare": _compare, "normalize": _normalize, "scale": _scale, "borrow": _borrow,
              "mask": _mask, "heads": _heads, "check": _check}
+
+
+def intro() -> str:
+    """What `attnlab lesson` says first: the two lessons it follows, by title."""
+    import textwrap
+
+    lines = ["attnlab's lesson follows two texts (read them first, or alongside):"]
+    for line in lessons_intro():
+        lines += textwrap.wrap(line, 100, initial_indent="  ", subsequent_indent="     ")
+    lines.append("Below, every number those lessons use is computed, not copied; then the same "
+                 "arithmetic past one head.")
+    return "\n".join(lines) + "\n\n"
 
 
 def render_lesson(sections: list[Section]) -> str:
