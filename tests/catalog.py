@@ -228,6 +228,16 @@ SCORE_MODS = {
 }
 
 
+# -- learned attention sinks (GPT-OSS; `attention(sinks=)`) ------------------------------------
+
+#: the sinks the sweeps run: none, or one logit per query head (the sweeps' H = 4); every backend
+#: must run them (each one's out and lse, the sink joined exactly)
+SINKS = {
+    "no_sinks": None,
+    "sinks": torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64),
+}
+
+
 # -- backends ----------------------------------------------------------------------------------
 
 

@@ -33,14 +33,21 @@ def _grid(L, S):
     return catalog._grid(B, H, L, S)
 
 
-def definition(q, k, v, allowed, mod: str, scale=None):
+def definition(q, k, v, allowed, mod: str, scale=None, sinks=None):
     """(out, lse) of softmax(score) @ v in q's dtype (float64 for the oracle), rows with nothing
-    to attend: out 0, lse -inf. allowed: bool (B, H, L, S)."""
+    to attend: out 0, lse -inf. allowed: bool (B, H, L, S). sinks (H,): GPT-OSS's eager form,
+    the sink logit as one more column of the softmax, dropped after it."""
     G = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # (B, Hkv, S, .) -> (B, H, S, .)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = q @ kk.transpose(-1, -2) * scale  # (B, H, L, D) @ (B, H, D, S) -> (B, H, L, S)
     s = _modify(s, mod, q.shape[-2], k.shape[-2])
+    if sinks is not None:
+        t = sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:-1], 1)  # (B, H, L, 1)
+        c = torch.cat([s.masked_fill(~allowed, NEG), t], -1)  # (B, H, L, S + 1)
+        lse = torch.logsumexp(c, -1)  # (B, H, L)
+        w = torch.exp(c - lse[..., None])[..., :-1]  # the sink's column dropped
+        return w @ vv, lse, w  # (B, H, L, S) @ (B, H, S, Dv) -> (B, H, L, Dv)
     s = s.masked_fill(~allowed, NEG)
     alive = allowed.any(-1, keepdim=True)  # (B, H, L, 1)
     s = torch.where(alive, s, 0.0)
@@ -101,11 +108,11 @@ def fa_rule(name, got, plain, ref, live, factor, dtype):
 # -- one process -------------------------------------------------------------------------------
 
 AXES = {"case": catalog.MASKS, "backend": catalog.backends(), "dtype": list(catalog.DTYPES),
-        "mod": MODS, "shape": SHAPES}
+        "mod": MODS, "shape": SHAPES, "sinks": list(catalog.SINKS)}
 QUICK = catalog.covering(AXES)
 _SEEN = {catalog.case_id({k: d[k] for k in ("case", "backend")}) for d in QUICK}
 SLOW = [{"case": c, "backend": b, "dtype": catalog.DTYPES[i % 2], "mod": MODS[i % len(MODS)],
-         "shape": SHAPES[i % 2]}
+         "shape": SHAPES[i % 2], "sinks": list(catalog.SINKS)[i // 2 % len(catalog.SINKS)]}
         for i, (c, b) in enumerate((c, b) for c in catalog.MASKS for b in catalog.backends())
         if catalog.case_id({"case": c, "backend": b}) not in _SEEN]
 
@@ -130,24 +137,33 @@ def test_one_process(combo, backend_env):
     backend_env(backend)
     allowed = catalog.truth(case, B, H, L, S)
     m = case.build(B, H, L, S)
+    t64 = catalog.SINKS[combo.get("sinks", "no_sinks")]
+    t64 = None if t64 is None else t64.clone().requires_grad_(True)
     q64, k64, v64 = (t.requires_grad_(True) for t in inputs(L, S, torch.float64))
-    ref_out, ref_lse, ref_w = definition(q64, k64, v64, allowed, mod)
+    ref_out, ref_lse, ref_w = definition(q64, k64, v64, allowed, mod, sinks=t64)
     q, k, v = (t.detach().to(dtype) for t in (q64, k64, v64))
-    plain_out, plain_lse, _ = definition(q, k, v, allowed, mod)
+    sinks = None if t64 is None else t64.detach().to(dtype)
+    plain_out, plain_lse, _ = definition(q, k, v, allowed, mod, sinks=sinks)
     kw = dict(mask=m, enable_gqa=True, **mod_kwargs(mod))
     grad = backend.grad
     if grad:
         q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        sinks = None if sinks is None else sinks.requires_grad_(True)
     try:
         with torch.set_grad_enabled(grad):
-            out, lse = attnlab.attention(q, k, v, backend=backend.name, return_lse=True, **kw)
+            out, lse = attnlab.attention(q, k, v, backend=backend.name, return_lse=True,
+                                         sinks=sinks, **kw)
     except AttnlabError as e:
         assert not must_run(backend, case, mod, dtype), f"{backend.name} refused: {e}"
         return
     live = allowed.any(-1)  # (B, H, L)
     dead = ~live
     assert (out[dead] == 0).all(), "a row with nothing to attend is not 0"
-    assert torch.isneginf(lse[dead]).all(), "a row with nothing to attend has a finite lse"
+    if sinks is None:
+        assert torch.isneginf(lse[dead]).all(), "a row with nothing to attend has a finite lse"
+    else:  # the sink takes all the mass: lse = the sink's logit
+        want_dead = sinks.detach().float()[None, :, None].expand(B, H, L)[dead]
+        assert torch.equal(lse[dead].float(), want_dead), "a row with only the sink: lse"
     fa_rule("out", out, plain_out, ref_out, live, 2, dtype)
     fa_rule("lse", lse, plain_lse, ref_lse, live, 2, dtype)
     rows = torch.tensor([0, L // 2, L - 1])
@@ -158,12 +174,15 @@ def test_one_process(combo, backend_env):
         return
     g = torch.Generator().manual_seed(5)
     dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    want = torch.autograd.grad(ref_out, (q64, k64, v64), dout)
+    extra = () if t64 is None else (t64,)  # the sinks' gradient too
+    want = torch.autograd.grad(ref_out, (q64, k64, v64, *extra), dout)
     qp, kp, vp = (t.detach().to(dtype).requires_grad_(True) for t in (q64, k64, v64))
-    plain = torch.autograd.grad(definition(qp, kp, vp, allowed, mod)[0], (qp, kp, vp),
-                                dout.to(dtype))
-    got = torch.autograd.grad(out, (q, k, v), dout.to(dtype))
-    for name, a, p, r in zip(("dq", "dk", "dv"), got, plain, want):
+    tp = () if t64 is None else (t64.detach().to(dtype).requires_grad_(True),)
+    plain = torch.autograd.grad(definition(qp, kp, vp, allowed, mod, sinks=(tp or (None,))[0])[0],
+                                (qp, kp, vp, *tp), dout.to(dtype))
+    got = torch.autograd.grad(out, (q, k, v, *(() if sinks is None else (sinks,))),
+                              dout.to(dtype))
+    for name, a, p, r in zip(("dq", "dk", "dv", "dsinks"), got, plain, want):
         fa_rule(name, a, p, r, torch.ones(r.shape, dtype=torch.bool), 3, dtype)
 
 
