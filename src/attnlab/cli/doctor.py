@@ -30,7 +30,8 @@ def run(args) -> int:
                   f"{torch.backends.cpu.get_cpu_capability()})"),
         ("cpu", f"{platform.machine()}, {len(simd)} SIMD features: {' '.join(simd) or 'none'}"),
         ("kernel builds this CPU runs", ", ".join(st.runnable)),
-        ("interval kernel", ("built" if st.built else "not available")
+        ("interval kernel", ("not available" if not st.built else "prebuilt, from the wheel"
+                             if "the wheel" in st.reason else "built")
          + (f" [{st.isa}]" if st.isa else "")),
         ("  why", st.reason),
         ("  switches", "ATTNLAB_KERNEL=0 turns it off; ATTNLAB_KERNEL_ISA=avx512|avx2|scalar "

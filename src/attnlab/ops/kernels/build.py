@@ -18,6 +18,10 @@ then False and attnlab runs its PyTorch path.
 Environment: ATTNLAB_KERNEL=0 turns the kernel off; ATTNLAB_KERNEL_ISA=avx512|avx2|scalar forces
 one build (a build this CPU cannot run is reported as unavailable, never run).
 
+A wheel built by `make wheel` carries the three ISAs' libraries for the torch it was built
+against (`prebuilt.py`): they are loaded, hash-checked, before anything is built, and a build
+happens only for another torch or when the wheel's library is damaged.
+
 Caution: builds need a C++17 compiler (`c++`, or $CXX) and the `ninja` package; a first build
 takes about half a minute on an idle machine.
 """
@@ -90,6 +94,7 @@ class KernelStatus:
 # lazily filled per process: isa -> torch.ops namespace, or the reason it failed
 _LOADED: dict[str, object] = {}
 _FAILED: dict[str, str] = {}
+_FROM: dict[str, str] = {}  # isa -> where its library was loaded from (a cache folder, the wheel)
 _LOAD_LOCK = threading.Lock()  # one thread of a process builds or loads at a time
 log = logging.getLogger("attnlab.kernels")
 
@@ -195,6 +200,12 @@ def _load(isa: str):
         raise KernelUnavailable(f"this CPU cannot run the {isa} build (it lacks "
                            f"{', '.join(sorted(ISA_NEEDS[isa] - cpu_flags()))})")
     name, ns = _names(isa)
+    wheel = _prebuilt(isa)
+    if wheel is not None:  # the wheel's library for this torch: no compiler needed
+        if not _has_ns(ns):
+            _dlopen(wheel)
+        _FROM[isa] = f"the wheel ({wheel})"
+        return _ops(ns)
     final = cache_root() / build_key(isa)
     lib = final / f"{name}.so"
     damaged = _check_cached(lib)
@@ -206,7 +217,30 @@ def _load(isa: str):
     if damaged:
         warnings.warn(f"attnlab: rebuilt the {isa} interval kernel: the cached one was not "
                       f"loaded ({damaged})", RuntimeWarning, stacklevel=4)
+    _FROM[isa] = str(final)
     return _ops(ns)
+
+
+def _prebuilt(isa: str) -> Path | None:
+    """The wheel's verified library of `isa` for this torch (`prebuilt.py`), or None; a damaged
+    one is warned about and the kernel built as without a wheel."""
+    from attnlab.ops.kernels import prebuilt
+
+    try:
+        return prebuilt.library(isa)
+    except trust.Untrusted as e:
+        warnings.warn(f"attnlab: the wheel's {isa} interval kernel is not loaded ({e}); "
+                      "building it instead", RuntimeWarning, stacklevel=5)
+        return None
+
+
+def library_path(isa: str) -> Path:
+    """The file of the `isa` library this process loaded (building it first if needed)."""
+    load(isa)
+    where = _FROM[isa]
+    if where.startswith("the wheel ("):
+        return Path(where.removeprefix("the wheel (").removesuffix(")"))
+    return Path(where) / f"{_names(isa)[0]}.so"
 
 
 def _has_ns(ns: str) -> bool:
@@ -387,7 +421,7 @@ def status(build: bool = False) -> KernelStatus:
         return KernelStatus(False, None, str(e), able)
     final = cache_root() / build_key(isa)
     if isa in _LOADED:
-        return KernelStatus(True, isa, f"loaded from {final}", able, str(final))
+        return KernelStatus(True, isa, f"loaded from {_FROM.get(isa, final)}", able, str(final))
     if isa in _FAILED:
         return KernelStatus(False, isa, _FAILED[isa], able, str(final))
     if build:
@@ -395,9 +429,15 @@ def status(build: bool = False) -> KernelStatus:
             load(isa)
         except RuntimeError as e:
             return KernelStatus(False, isa, str(e), able, str(final))
-        return KernelStatus(True, isa, f"loaded from {final}", able, str(final))
+        return KernelStatus(True, isa, f"loaded from {_FROM[isa]}", able, str(final))
     if isa not in able:
         return KernelStatus(False, isa, f"this CPU cannot run the {isa} build", able, str(final))
+    from attnlab.ops.kernels import prebuilt
+
+    entry = (prebuilt.manifest() or {}).get("libraries", {}).get(isa, {})
+    if entry.get("build_key") == build_key(isa):
+        return KernelStatus(True, isa, f"in the wheel ({prebuilt.FOLDER / entry['file']})",
+                            able, str(final))
     there = (final / f"{_names(isa)[0]}.so").exists()
     why = f"built in {final}" if there else f"not built yet: builds on first use into {final}"
     return KernelStatus(there, isa, why, able, str(final))
