@@ -26,9 +26,25 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE")
 
 
+def stage(folder: Path, isas=None) -> dict:
+    """Each ISA's library for this torch, built once into the kernel cache (or taken from it,
+    verified by `trust`), copied into `folder` with the manifest; returns the manifest.
+    KernelUnavailable says which ISA could not be had, and why."""
+    import torch
+
+    from attnlab.ops.kernels import build, prebuilt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    libs = {}
+    for isa in isas or build.ISAS:
+        lib = build.library_path(isa)
+        shutil.copyfile(lib, folder / lib.name)
+        libs[isa] = (folder / lib.name, build.build_key(isa))
+    return prebuilt.write_manifest(folder, torch.__version__, libs)
+
+
 def build(out: Path, isas=None) -> Path:
     """The path of the wheel built into `out`."""
-    from attnlab.ops.kernels import prebuilt
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="attnlab-wheel-") as tmp:
@@ -38,7 +54,7 @@ def build(out: Path, isas=None) -> Path:
             shutil.copy(ROOT / name, src / name)
         shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns(
             "__pycache__", "*.egg-info", "prebuilt"))
-        m = prebuilt.stage(src / "src" / "attnlab" / "ops" / "kernels" / "prebuilt", isas)
+        m = stage(src / "src" / "attnlab" / "ops" / "kernels" / "prebuilt", isas)
         before = set(out.glob("attnlab-*.whl"))
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
                         "--no-build-isolation", "--disable-pip-version-check", "-q",

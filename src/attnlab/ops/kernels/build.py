@@ -227,7 +227,7 @@ def _prebuilt(isa: str) -> Path | None:
     from attnlab.ops.kernels import prebuilt
 
     try:
-        return prebuilt.library(isa)
+        return prebuilt.library(isa, build_key(isa))
     except trust.Untrusted as e:
         warnings.warn(f"attnlab: the wheel's {isa} interval kernel is not loaded ({e}); "
                       "building it instead", RuntimeWarning, stacklevel=5)

@@ -7,7 +7,7 @@ A wheel built by `tools/build_wheel.py` carries, next to this file,
     prebuilt/<library>.so           one per ISA: avx512, avx2, scalar
 
 each library compiled from this package's own sources for the torch the wheel was built against.
-`library(isa)` hands `build` the one for the ISA chosen at run time when its build key (the
+`library(isa, key)` hands `build` the one for the ISA chosen at run time when its build key (the
 sources' hash, the flags and the torch version: `build.build_key`) is the running one's and its
 bytes have the sha256 the manifest recorded (`trust.check_hash`); otherwise None, and the kernel
 is built on first use as without a wheel (another torch: a new build, never a stale library).
@@ -22,7 +22,6 @@ none of it, and a rebuild for another torch is one minute, once.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 FOLDER = Path(__file__).with_name("prebuilt")
@@ -37,16 +36,15 @@ def manifest(folder: Path = FOLDER) -> dict | None:
     return json.loads(path.read_text())
 
 
-def library(isa: str, folder: Path = FOLDER) -> Path | None:
-    """The verified prebuilt library of `isa` for the running torch and sources, or None (no
-    wheel libraries, none for this ISA, or built for another torch or other sources). Raises
-    trust.Untrusted when the library is there for this torch but its bytes are not the ones
-    recorded (truncated, modified)."""
-    from attnlab.ops.kernels import build, trust
+def library(isa: str, key: str, folder: Path = FOLDER) -> Path | None:
+    """The verified prebuilt library of `isa` when its build key is `key` (the running sources'
+    and torch's, `build.build_key(isa)`), else None (no wheel libraries, none for this ISA, or
+    built for another torch or other sources). Raises trust.Untrusted when the library is there
+    for this key but its bytes are not the ones recorded (truncated, modified)."""
+    from attnlab.ops.kernels import trust
 
-    m = manifest(folder)
-    entry = (m or {}).get("libraries", {}).get(isa)
-    if entry is None or entry.get("build_key") != build.build_key(isa):
+    entry = (manifest(folder) or {}).get("libraries", {}).get(isa)
+    if entry is None or entry.get("build_key") != key:
         return None
     lib = folder / entry["file"]
     if not lib.is_file():
@@ -56,23 +54,13 @@ def library(isa: str, folder: Path = FOLDER) -> Path | None:
     return lib
 
 
-def stage(folder: Path, isas=None) -> dict:
-    """Build (or take from the cache, verified) each ISA's library for this torch and copy it
-    into `folder` with a manifest; the wheel builder's step. Returns the manifest.
+def write_manifest(folder: Path, torch_version: str, libraries: dict[str, tuple[Path, str]]):
+    """Write `folder`/manifest.json for libraries {isa: (library file in folder, build key)},
+    each with its sha256; the wheel builder's last step (`tools/build_wheel.py`)."""
+    from attnlab.ops.kernels import trust
 
-    Every ISA is built on this machine, so it must run them all (an AVX-512 CPU runs the three);
-    KernelUnavailable says which one could not be had, and why."""
-    import torch
-
-    from attnlab.ops.kernels import build, trust
-
-    folder.mkdir(parents=True, exist_ok=True)
-    libs = {}
-    for isa in isas or build.ISAS:
-        src = build.library_path(isa)  # built and verified (trust) on the way
-        shutil.copyfile(src, folder / src.name)
-        libs[isa] = {"file": src.name, "build_key": build.build_key(isa),
-                     "sha256": trust.sha256_file(folder / src.name)}
-    m = {"torch": torch.__version__, "libraries": libs}
+    libs = {isa: {"file": lib.name, "build_key": key, "sha256": trust.sha256_file(lib)}
+            for isa, (lib, key) in libraries.items()}
+    m = {"torch": torch_version, "libraries": libs}
     (folder / MANIFEST).write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
     return m
