@@ -109,6 +109,35 @@ def _block_causal_truth(B, H, L, S):
     return out
 
 
+#: per-row look-back windows (lo, hi) of a scalar-only mask_mod: `w = BOUNDS[q % 4]; w[0]`
+BOUNDS = torch.tensor([[0, 3], [1, 5], [0, 8], [2, 4]])
+
+
+def lookup_window(b, h, q, k):
+    """Keys q - hi .. q - lo, (lo, hi) looked up per row: runs only on scalars (Flex's vmap)."""
+    w = BOUNDS[q % 4]
+    return (q - k >= w[0]) & (q - k <= w[1])
+
+
+def _lookup_truth(B, H, L, S):
+    _b, _h, i, j = _grid(B, H, L, S)
+    w = BOUNDS[i % 4]  # (1, 1, L, 1, 2)
+    return (i - j >= w[..., 0]) & (i - j <= w[..., 1])
+
+
+def flex_block_mask(fn, per_bh=False, block=16):
+    """A case built as attnlab.flex_attention receives it: torch's create_block_mask(fn) (B=None,
+    H=None unless per_bh), read by attnlab.flex as a Mask (its blocks, fn in its Flex form)."""
+    def build(B, H, L, S):
+        from attnlab.flex import BlockMaskMask, create_block_mask
+        from attnlab.flex.adapt import Adapted
+
+        bm = create_block_mask(fn, B if per_bh else None, H if per_bh else None, L, S,
+                               device="cpu", BLOCK_SIZE=block)
+        return BlockMaskMask(bm, Adapted(fn, score=False))
+    return build
+
+
 MASKS: list[MaskCase] = [
     MaskCase("causal", lambda B, H, L, S: masks.causal(), ("causal",), interval=True),
     MaskCase("causal_br", lambda B, H, L, S: masks.causal("bottom_right"), ("causal",),
@@ -191,6 +220,14 @@ MASKS: list[MaskCase] = [
                  torch.arange(S)[None, None, None, :]
                  < torch.tensor(_lens(B, S, 5))[:, None, None, None]),
              tags=frozenset({"function", "per_batch", "per_head"})),
+    MaskCase("flex_block_mask", flex_block_mask(sliding8), ("flex.BlockMask",), interval=True,
+             truth=lambda B, H, L, S: sliding8(*_grid(B, H, L, S)),
+             tags=frozenset({"function", "block_mask"})),
+    MaskCase("flex_block_mask_vmap", flex_block_mask(lookup_window), ("flex.BlockMask",),
+             truth=_lookup_truth, interval=True, tags=frozenset({"function", "block_mask"})),
+    MaskCase("flex_block_mask_bh", flex_block_mask(checker), ("flex.BlockMask",),
+             truth=_checker_truth, tags=frozenset({"function", "block_mask", "per_batch",
+                                                   "per_head"})),
     MaskCase("function_or_window",
              lambda B, H, L, S: masks.from_function(periodic) | masks.window(2, 2),
              ("from_function", "window", "|"), tags=frozenset({"function"})),

@@ -213,3 +213,15 @@ def test_on_cuda_the_call_goes_to_torch_compiled_flex_as_given(monkeypatch):
     assert got == "torch's answer" and seen["args"] == (q, k, v)
     assert seen["kw"] == dict(score_mod=window, block_mask=bm, scale=0.3, enable_gqa=False,
                               return_lse=False, kernel_options={"BLOCK_M": 32}, return_aux=aux)
+
+
+def test_a_broadcast_block_mask_runs_its_mask_mod_at_every_batch_and_head():
+    """create_block_mask(B=None, H=None) lists blocks at b = h = 0; Flex's kernels still call
+    mask_mod with each b and h in the partial blocks, and so does attnlab."""
+    def per_bh(b, h, qi, ki):
+        return (qi >= ki) & ((qi - ki) % (2 + b + h) == 0)
+
+    q, k, v = qkv(B=2, H=3, L=64, S=64)
+    bm = create_block_mask(per_bh, None, None, 64, 64, device="cpu")
+    want, _ = dense_reference(q.double(), k.double(), v.double(), per_bh)
+    close(flex_attention(q, k, v, block_mask=bm), want, atol=1e-5)

@@ -24,7 +24,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.masks import EMPTY, FULL, PARTIAL, Mask
-from attnlab.masks.base import block_bounds
+from attnlab.masks.base import block_bounds, classify
 
 
 def classes_of(bm) -> torch.Tensor:
@@ -68,6 +68,36 @@ class BlockMaskMask(Mask):
         self.fn = fn
         self._tile_cache: dict = {}
 
+    def for_call(self, B: int, H: int) -> Mask:
+        """This mask as a call with B batch elements and H heads evaluates it: a BlockMask made
+        for every batch element or head (B=None / H=None in create_block_mask) still runs its
+        mask_mod at each b and h of the call in its partial blocks, as Flex's kernels do, when
+        the mask_mod reads them (kept per (B, H))."""
+        rb, rh = self.reads()
+        want = (B if rb and self.batch_size == 1 else self.batch_size,
+                H if rh and self.heads == 1 else self.heads)
+        if want == (self.batch_size, self.heads):
+            return self
+        key = ("for_call", want)
+        if key not in self._tile_cache:
+            got = object.__new__(BlockMaskMask)
+            got.__dict__.update(self.__dict__)
+            got.batch_size, got.heads = want
+            got.classes = self.classes.expand(*want, *self.classes.shape[2:])
+            got._tile_cache = {}
+            self._tile_cache[key] = got
+        return self._tile_cache[key]
+
+    def reads(self) -> tuple[bool, bool]:
+        """(mask_mod reads b, reads h), from the shape it returns on b (2, 1, 1, 1), h (1, 2, 1,
+        1) (zeros); a mask_mod in the vmap form is taken to read both."""
+        if "reads" not in self._tile_cache:
+            z = lambda *s: torch.zeros(*s, dtype=torch.int64, device=self.classes.device)  # noqa: E731
+            out = self.fn(z(2, 1, 1, 1), z(1, 2, 1, 1), z(1, 1, 1, 1), z(1, 1, 1, 1))
+            shape = (1,) * (4 - out.dim()) + tuple(out.shape)
+            self._tile_cache["reads"] = (shape[0] > 1, shape[1] > 1)
+        return self._tile_cache["reads"]
+
     def check(self, L, S):
         if (L, S) != (self.L, self.S):
             raise AttnlabError(
@@ -87,13 +117,46 @@ class BlockMaskMask(Mask):
         return (cls == FULL) | ((cls == PARTIAL) & got)
 
     def tiles(self, L, S, block_q, block_k, device=None):
+        """Exact classes: from the row intervals where the mask has them (`band_tiles`), else
+        the block lists re-tiled and the tiles that leaves PARTIAL evaluated (PARTIAL blocks
+        only: EMPTY and FULL ones never call mask_mod)."""
         dev = self.classes.device if device is None else torch.device(device)
         key = (L, S, block_q, block_k, str(dev))
         if key not in self._tile_cache:
             self.check(L, S)
-            self._tile_cache[key] = retile(self.classes, L, S, (self.bq, self.bk),
-                                           (block_q, block_k)).to(dev)
+            iv = self.intervals(L, S, device=dev)
+            if iv is not None:
+                from attnlab.masks.band import band_tiles
+
+                lo, hi = (x.long().expand(self.batch_size, self.heads, L) for x in iv)
+                k_lo, k_hi = block_bounds(S, block_k, dev)
+                t = band_tiles(lo, hi, torch.arange(0, L, block_q, device=dev), k_lo, k_hi)
+            else:
+                t = retile(self.classes, L, S, (self.bq, self.bk), (block_q, block_k)).to(dev)
+                t = self._refined(t.expand(self.batch_size, self.heads, *t.shape[2:]).clone(),
+                                  block_q, block_k)
+            self._tile_cache[key] = t
         return self._tile_cache[key]
+
+    def _refined(self, t: torch.Tensor, bq: int, bk: int) -> torch.Tensor:
+        """t (Bm, Hm, nQ, nK) with its PARTIAL tiles evaluated: EMPTY / FULL where they are."""
+        dev = t.device
+        for a in range(t.shape[2]):
+            part = t[:, :, a] == PARTIAL  # (Bm, Hm, nK)
+            blocks = part.any(0).any(0).nonzero().flatten()
+            if not blocks.numel():
+                continue
+            cols = (blocks[:, None] * bk + torch.arange(bk, device=dev)).flatten()
+            cols = cols[cols < self.S]  # (C,) the keys of those tiles, ascending
+            rows = torch.arange(a * bq, min(self.L, (a + 1) * bq), device=dev)
+            u = self.block(rows, cols, self.L, self.S).to(torch.uint8)  # (Bm, Hm, R, C)
+            Bm, Hm, _, C = u.shape
+            idx = (cols // bk).expand(Bm, Hm, C)
+            nk = t.shape[3]
+            hit = u.new_zeros(Bm, Hm, nk).scatter_reduce_(2, idx, u.amax(2), "amax")
+            every = u.new_ones(Bm, Hm, nk).scatter_reduce_(2, idx, u.amin(2), "amin")
+            t[:, :, a] = torch.where(part, classify(every.bool(), hit == 0), t[:, :, a])
+        return t
 
     def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):  # inside `&` / `|`: sizes from the bounds
         bq = int(q_hi[0, 0] - q_lo[0, 0]) + 1 if q_lo.numel() else 1
