@@ -16,6 +16,7 @@ WANT = {
     "02_explain_minilm.ipynb": ['"tokens":["[CLS]","the","cat","sat","on","the","mat","because"',
                                 '"name":"Sentence A \\u2192 Sentence B","set":0,"rows":[0,9]'],
     "03_tiny_gpt_causal_heads.ipynb": ['"tokens":["F","u","l","l",', '"f","a","t","h","o","m"'],
+    "04_induction_ablation.ipynb": ['"kind":"ablate"', '"measure":"loss"', '"lens":{"top":'],
 }
 
 
@@ -34,6 +35,10 @@ def test_example_runs_and_shows_its_views(name, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
+    if name == "04_induction_ablation.ipynb":  # its run, trained here once (minutes) when the
+        from attnlab.models.cached_run import cached_run  # docs build has not cached it yet
+
+        cached_run("induction", max_steps=1500)
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     NotebookClient(nb, timeout=180, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()

@@ -5,6 +5,8 @@
 - `<!-- run: attnlab ARGS -->` becomes a text block with that command and what it prints, run
   in this process through `attnlab.cli.main` (so the numbers shown are the ones computed now);
   `<!-- run-md: attnlab ARGS -->` inserts the output as Markdown (for commands printing tables).
+  A run directory named in `CACHED_RUNS` ("runs/induction") is a preset trained once into the
+  cache (`attnlab.models.cached_run`): the first build trains it, later builds read it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,21 @@ import shlex
 
 RUN = re.compile(r"^<!-- run(-md)?: attnlab (.*?) -->$", re.M)
 _outputs: dict[str, str] = {}
+#: run directories the pages' commands name -> (preset, steps) trained into the cache
+CACHED_RUNS = {"runs/induction": ("induction", 1500)}
+
+
+def _cached_runs(args: str) -> tuple[str, dict[str, str]]:
+    """`args` with each cached run's name replaced by its path; {directory name: shown name}."""
+    names = {}
+    for shown, (preset, steps) in CACHED_RUNS.items():
+        if shown in args:
+            from attnlab.models.cached_run import cached_run
+
+            path = cached_run(preset, max_steps=steps)
+            args = args.replace(shown, str(path))
+            names[path.name] = shown
+    return args, names
 
 
 def cli_reference() -> str:
@@ -43,12 +60,16 @@ def run_command(args: str, markdown: bool = False) -> str:
 
         torch.set_num_threads(1)  # small work: one thread is fastest, and never collapses
 
+        real, names = _cached_runs(args)
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            code = main(shlex.split(args))
+            code = main(shlex.split(real))
         if code != 0:
             raise RuntimeError(f"attnlab {args}: exit code {code}")
-        _outputs[args] = buf.getvalue().rstrip()
+        text = buf.getvalue().rstrip()
+        for name, shown in names.items():
+            text = text.replace(name, shown)
+        _outputs[args] = text
     if markdown:  # a title line of the output ("# ...") is a caption here, not a heading
         body = re.sub(r"^# (.*)$", r"*\1*", _outputs[args], flags=re.M)
         return f"`attnlab {args}`\n\n{body}"

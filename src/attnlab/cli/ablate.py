@@ -8,6 +8,11 @@ embeddings; a causal LM (a checkpoint attnlab trained, a local Hugging Face caus
 of the token given the tokens before it, `logit-diff` of two --answers after the text, or `loss`
 over the text. Zero ablation sets a head's context vector to 0; --mean-of TEXT... sets it to
 its mean over those texts instead. Causal models also get the logit lens at the token.
+
+`--repeat-random N` (a checkpoint attnlab trained, no TEXT): the induction story. N random
+characters then the same N again; the induction head (`attnlab heads --repeat-random`) ablated
+(zero and mean), the previous-token head ablated and the induction head patched back, with the
+loss on each copy; and every head's effect on both.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ MEASURE_HELP = ("cosine or similarity (an encoder; default cosine), logprob, log
 def add_parser(sub):
     p = sub.add_parser("ablate", help="ablate every head in turn: what each one matters for",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text", metavar="TEXT", help="the text to run the model on")
+    p.add_argument("text", metavar="TEXT", nargs="?", default=None,
+                   help="the text to run the model on")
     p.add_argument("--token", metavar="WORD", default=None,
                    help="the word (or token index) the measure reads (default: the last token)")
     p.add_argument("--measure", metavar="NAME", default=None, help=MEASURE_HELP)
@@ -36,6 +42,11 @@ def add_parser(sub):
     p.add_argument("--mean-of", nargs="+", metavar="TEXT", default=None,
                    help="mean ablation: replace a head by its mean over these texts (default: "
                    "zero ablation)")
+    p.add_argument("--repeat-random", type=int, metavar="N", default=None,
+                   help="the induction story on N random characters repeated, instead of TEXT "
+                   "(default: none)")
+    p.add_argument("--probe-seed", type=int, default=0, metavar="S",
+                   help="seed of --repeat-random's characters")
     add_common(p)
     return p
 
@@ -79,9 +90,32 @@ def show(fx, args) -> int:
     return 0
 
 
+def _story(args) -> int:
+    from attnlab.errors import AttnlabError
+    from attnlab.explain.induction import induction_story
+    from attnlab.viz.induction_text import render_story
+
+    if args.text is not None:
+        raise AttnlabError("TEXT: --repeat-random makes its own text; leave TEXT out")
+    if args.output:
+        raise AttnlabError("-o: the induction story has no page; use --json")
+    story = induction_story(open_model(args.model), args.repeat_random, seed=args.probe_seed)
+    if args.json:
+        json.dump(story.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_story(story))
+    return 0
+
+
 def run(args) -> int:
+    from attnlab.errors import AttnlabError
     from attnlab.explain.effects import ablation_effects
 
+    if args.repeat_random is not None:
+        return _story(args)
+    if args.text is None:
+        raise AttnlabError("TEXT: give the text to run the model on (or --repeat-random N)")
     check_text("TEXT", args.text)
     for t in (args.other, *(args.mean_of or [])):
         if t is not None:

@@ -29,3 +29,10 @@ def write_effects_page(fx: HeadEffects, path) -> Path:
     path = Path(path)
     path.write_text(effects_html(fx), encoding="utf-8")
     return path
+
+
+def effects_view(fx: HeadEffects, height: int = 900):
+    """The effects page for Jupyter (a sandboxed iframe; `.save(path)` writes the file)."""
+    from attnlab.viz.iframe import NotebookPage
+
+    return NotebookPage(effects_html(fx), height)
