@@ -114,3 +114,39 @@ def _at_call(m: Mask, B: int, H: int) -> Mask:
     """The mask as a call of B batch elements and H heads sees it."""
     bind = getattr(m, "for_call", None)
     return bind(B, H) if bind is not None else m
+
+
+@pytest.mark.parametrize("case", catalog.MASKS, ids=lambda c: c.name)
+def test_mask_mod_is_the_mask(case):
+    """Mask.mask_mod, how FlexAttention sees each mask, equals the mask on broadcast indices
+    (the form attnlab's paths call it in) and on single scalar indices (Flex's vmap form)."""
+    L, S = 37, 53
+    m = _at_call(case.build(B, H, L, S), B, H)
+    mod = m.mask_mod(L, S)
+    want = catalog.truth(case, B, H, L, S)
+    got = mod(*catalog._grid(B, H, L, S))
+    assert torch.equal(got.expand(B, H, L, S), want)
+    for b, h, i, j in ((1, 3, 36, 52), (0, 2, 5, 0), (1, 0, 20, 30)):
+        t = lambda x: torch.tensor(x)  # noqa: E731
+        assert bool(mod(t(b), t(h), t(i), t(j))) == bool(want[b, h, i, j])
+
+
+def test_flex_asks_each_mask_for_its_mask_mod(monkeypatch):
+    """ops.flex has no list of mask kinds: a new kind's own mask_mod is what Flex runs."""
+    from attnlab.ops import flex
+
+    seen = []
+
+    class Stripes(Mask):
+        def _block(self, rows, cols, L, S):
+            return (cols[None, :] % 2 == 0).expand(len(rows), -1)
+
+        def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
+            return torch.ones(q_lo.shape[0], k_lo.shape[1], dtype=torch.int8)  # PARTIAL
+
+        def mask_mod(self, L, S, device=None):
+            seen.append((L, S))
+            return lambda b, h, q, k: k % 2 == 0
+
+    flex.mask_mod_of(Stripes(), 8, 9)
+    assert seen == [(8, 9)]

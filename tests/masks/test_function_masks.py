@@ -296,3 +296,26 @@ def test_b_and_h_read_or_not():
         masks.from_function(checkerboard, batch_size=2, heads=1).for_call(2, 4)
     both = masks.causal() & ~m  # composites take the call's sizes too
     assert both.for_call(2, 4).heads == 4 and both.for_call(2, 4) is both.for_call(2, 4)
+
+
+def test_an_interval_shaped_function_runs_on_the_interval_kernel():
+    """Issue 35: a function equal to a sliding window reaches the compiled interval kernel, with
+    the built-in's numbers, forward and backward; one with a gap in a row does not."""
+    from attnlab.ops import kernels
+    from interval_cases import need_compiler
+
+    need_compiler()
+    if not kernels.available():
+        pytest.skip("the interval kernel is not available")
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 200, 16, generator=g, requires_grad=True) for _ in range(3))
+    fn, builtin = masks.from_function(sliding), masks.sliding_window(5)
+    assert attnlab.select_backend(q, k, v, mask=fn).backend == "interval"
+    out = attnlab.attention(q, k, v, mask=fn)
+    want = attnlab.attention(q, k, v, mask=builtin)
+    assert torch.equal(out, want)
+    g1 = torch.autograd.grad(out.sum(), (q, k, v))
+    g2 = torch.autograd.grad(want.sum(), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    gap = masks.from_function(lambda b, h, i, j: (i >= j) & (i - j != 2))
+    assert attnlab.select_backend(q, k, v, mask=gap).backend != "interval"

@@ -218,13 +218,14 @@ class FunctionMask(Mask):
             any_ = F.pad(m, pad, value=False).reshape(shape).any(-1).any(-2)
             all_ = F.pad(m, pad, value=True).reshape(shape).all(-1).all(-2)
             out[:, :, t0:t1] = classify(all_, ~any_)
-            if S and dev.type == "cpu":
-                u = m.to(torch.uint8)  # (Bm, Hm, r, S)
+            if S and dev.type == "cpu" and bool(one):  # (a gap seen: no more of this)
+                u = m.view(torch.uint8)  # (Bm, Hm, r, S)
                 first = u.argmax(-1)  # (Bm, Hm, r): the first key attended (0 if none)
                 last = S - u.flip(-1).argmax(-1)  # one past the last
-                n = u.sum(-1, dtype=torch.int64)
+                f = torch.float32 if S < 2**24 else torch.float64  # counts exact
+                n = (m.to(f) @ torch.ones(S, 1, dtype=f))[..., 0]  # (Bm, Hm, r): keys per row
                 live = n > 0
-                one = one & ((n == last - first) | ~live).all()
+                one = ((n == (last - first).to(f)) | ~live).all()
                 lo[:, :, r0:r1] = torch.where(live, first, 0)
                 hi[:, :, r0:r1] = torch.where(live, last, 0)
         return out, ((lo, hi) if dev.type == "cpu" and bool(one) else None)
