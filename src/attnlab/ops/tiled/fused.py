@@ -49,6 +49,8 @@ def backward(dob, qb, ob, lb, chunks: Iterable, dk: torch.Tensor, dv: torch.Tens
     vc, float mask or None), as `forward`'s with the chunk's key range in front."""
     dq = None
     for ch, kc, vc, bias in chunks:
+        if bias is not None and bias.dtype != qb.dtype:  # the forward's, kept in its dtype
+            bias = bias.to(qb.dtype)
         gq, gk, gv = fused_cpu.backward(dob, qb, kc, vc, ob, lb, attn_mask=bias, scale=scale)
         dq = gq.to(dk.dtype) if dq is None else dq + gq  # (B, Hkv, G·bq, D)
         dk[:, :, ch.k0:ch.k1] += gk  # (B, Hkv, ck, D)

@@ -434,7 +434,15 @@ def _fused_fwd_rows(st: Setup, q5, k, v, q0, q1, chunks, gen=None):
 def _bwd(st: Setup, q, k, v, out, lse, dout, dlse=None):
     """Gradients (dq, dk, dv) in the inputs' dtypes; q, k, v, out, lse as `_fwd`'s, dout as out,
     dlse as lse or None (zero). The gradients of the score_mod's captured tensors are summed
-    into `st.captured_grads` (give a Setup with a list of None there)."""
+    into `st.captured_grads` (give a Setup with a list of None there).
+
+    fp16/bf16 on the fused kernel run it in float32: its gradients come back in its inputs'
+    dtype, and each chunk's share of dq (and each row block's of dk, dv) rounded to bf16 before
+    the sum loses what accumulating in fp32 keeps (O((L + S)·D) conversions for O(L·S·D) work).
+    """
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    if st.fused and q.dtype in (torch.float16, torch.bfloat16):
+        q, k, v, out, dout = (x.to(torch.float32) for x in (q, k, v, out, dout))
     extra = 0
     if dlse is not None and st.fused:  # the fused kernel takes dlse as one more column
         q, k, v, out, dout, extra = fused_cpu.with_lse_grad(q, k, v, out, dout, dlse)
@@ -456,8 +464,8 @@ def _bwd(st: Setup, q, k, v, out, lse, dout, dlse=None):
             dq[:, :, :, q0:q1] = g  # (B, Hkv, G, bq, D)
         else:  # nothing attended: no gradient
             dq[:, :, :, q0:q1] = 0
-    dq = dq.view(q.shape)  # (B, Hkv, G, L, D) -> (B, H, L, D)
-    dk, dv = dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)  # (B, Hkv, S, D|Dv)
+    dq = dq.view(q.shape).to(dtypes[0])  # (B, Hkv, G, L, D) -> (B, H, L, D)
+    dk, dv = dk.view(k.shape).to(dtypes[1]), dv.view(v.shape).to(dtypes[2])  # (B, Hkv, S, ·)
     if extra:  # drop the lse columns: (.., D + extra) -> (.., D)
         dq, dk, dv = (x[..., :-extra] for x in (dq, dk, dv))
     return dq, dk, dv
