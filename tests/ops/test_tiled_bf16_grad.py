@@ -1,5 +1,6 @@
-"""The tiled loop's bf16 backward accumulates in fp32: on PyTorch's fused kernel each key
-chunk's share of dq (and each row block's share of dk, dv) was rounded to bf16 before the sum.
+"""The tiled loop's bf16 forward and backward accumulate in fp32: on PyTorch's fused kernel each
+key chunk's share of the output and of dq (and each row block's share of dk, dv) was rounded to
+bf16 before the sum.
 
 The inputs make two key chunks whose dq shares are large and cancel (keys nearly equal, values
 of opposite sign on the two sides of a one-tile gap, so Σ_j dS_ij = 0 splits into two big
@@ -33,9 +34,23 @@ def _inputs(seed):
     return q, k, v, dout
 
 
+def _mask():
+    return masks.from_function(lambda b, h, i, j: (j < GAP) | (j >= GAP + 64))  # a one-tile gap
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_forward_on_two_key_chunks_within_the_rule(seed):
+    q, k, v, _ = _inputs(seed)
+    allowed = _mask().to_dense(L, S)
+    ref = plain_attention(q, k, v, allowed=allowed)
+    plain = plain_attention(*(x.bfloat16() for x in (q, k, v)), allowed=allowed)
+    out = attnlab.attention(*(x.bfloat16() for x in (q, k, v)), mask=_mask(), backend="tiled")
+    assert_fa_rule(out, plain, ref, 2, torch.bfloat16)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bf16_backward_on_two_key_chunks_within_the_rule(seed):
-    mask = masks.from_function(lambda b, h, i, j: (j < GAP) | (j >= GAP + 64))  # a one-tile gap
+    mask = _mask()
     q, k, v, dout = _inputs(seed)
     allowed = mask.to_dense(L, S)
     ref = [x.clone().requires_grad_(True) for x in (q, k, v)]

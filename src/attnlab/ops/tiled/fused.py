@@ -34,6 +34,8 @@ def forward(qb: torch.Tensor, chunks: Iterable, *, scale: float):
     lse's dtype when chunks were merged."""
     out = lse = None
     for kc, vc, bias, row_alive in chunks:
+        if bias is not None and bias.dtype != qb.dtype:  # kept from a call in another dtype
+            bias = bias.to(qb.dtype)
         o, l = fused_cpu.forward(qb, kc, vc, attn_mask=bias, scale=scale,
                                  row_alive=row_alive)  # (B, Hkv, G·bq, Dv), (B, Hkv, G·bq)
         # merged in fp32 for fp16/bf16 (`ops.lse`)

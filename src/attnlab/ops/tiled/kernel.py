@@ -347,10 +347,17 @@ def stacked_rows(st: Setup, x5: torch.Tensor, q0: int, q1: int) -> torch.Tensor:
 
 def _fwd(st: Setup, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> (out (B, H, L, Dv) in q's dtype,
-    lse (B, H, L) in the accumulation dtype)."""
-    G, Dv = st.G, v.shape[-1]
+    lse (B, H, L) in the accumulation dtype).
+
+    fp16/bf16 rows of several chunks on the fused kernel run it in float32: it returns each
+    chunk's output in its inputs' dtype, and rounding each share to bf16 before the merge
+    loses what the merge in fp32 keeps (one row's shares may be large and cancel)."""
+    G, Dv, dtype = st.G, v.shape[-1], q.dtype
+    if st.fused and dtype in (torch.float16, torch.bfloat16) and any(
+            len(chunks) > 1 for _, _, chunks in st.plan.rows):
+        q, k, v = (x.to(torch.float32) for x in (q, k, v))  # O((L + S)·D) for O(L·S·D)
     q5 = q.reshape(st.B, st.Hkv, G, st.L, q.shape[-1])  # (B, H, L, D) -> (B, Hkv, G, L, D)
-    out = torch.empty(st.B, st.Hkv, G, st.L, Dv, dtype=q.dtype, device=q.device)
+    out = torch.empty(st.B, st.Hkv, G, st.L, Dv, dtype=dtype, device=q.device)
     lse = torch.empty(st.B, st.Hkv, G, st.L, dtype=st.acc, device=q.device)
     rows = _fused_fwd_rows if st.fused else _pure_fwd_rows
     gen = generator(st, q.device)
