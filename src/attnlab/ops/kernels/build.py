@@ -48,23 +48,24 @@ from attnlab.ops.kernels import trust
 
 ISAS = ("avx512", "avx2", "scalar")
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp")
-HEADERS = ("interval.h", "pool.h", "queue.h", "tiles.h", "vec.h")
+SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp")
+HEADERS = ("decode.h", "interval.h", "pool.h", "queue.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
-    "avx512": [*_X86, "-mavx2", "-mfma", "-DATTNLAB_AVX512"],
-    "avx2": ["-mavx2", "-mfma", "-DATTNLAB_AVX2"],
+    "avx512": [*_X86, "-mavx2", "-mfma", "-mf16c", "-DATTNLAB_AVX512"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DATTNLAB_AVX2"],
     "scalar": [],
 }
 #: the /proc/cpuinfo flags an ISA's build needs
 ISA_NEEDS = {
-    "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx2", "fma"},
-    "avx2": {"avx2", "fma"},
+    "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
+    "avx2": {"avx2", "fma", "f16c"},
     "scalar": set(),
 }
 #: the ops each build registers (csrc/ops.cpp)
 OPS = ("fwd", "bwd", "keys_last", "keys_last_checked", "rows_padded", "weights", "simd_width",
-       "all_finite", "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros")
+       "all_finite", "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros", "decode",
+       "decode_bf16_path")
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
 LOCK_WAIT_S = 900.0
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 
+#include "decode.h"
 #include "interval.h"
 #include "pool.h"
 #include "queue.h"
@@ -495,4 +496,8 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("fma_ceiling(int iters) -> float", &fma_ceiling);
   m.def("pool_cached_bytes() -> int", &pool_cached_bytes);
   m.def("pool_zeros(int[] size) -> Tensor", &pool_zeros);
+  m.def("decode(Tensor q, Tensor k, Tensor v, Tensor lo, Tensor hi, Tensor? slopes, float scale, "
+        "float softcap, int pos_off, int chunk=0, bool check=False) -> (Tensor, Tensor, bool)",
+        &attnlab_k::decode);
+  m.def("decode_bf16_path() -> int", &attnlab_k::decode_bf16_path);
 }

@@ -1,0 +1,630 @@
+// The decode kernel (decode.h): flash-decoding over a key/value cache read as stored.
+//
+// One work item = (batch b, kv head hk, chunk of keys). Its R = G·L rows (the G query heads of hk,
+// L rows each) walk the chunk in blocks of KB keys: a block of K and V rows is converted to
+// float32 in L1 scratch (a float32 row of whole vectors is read in place), every row's scores
+// q·k come from it, then an online softmax and O += P·V. Each cache row is read from memory once
+// per step whatever G is. A head's chunks leave (O, m, l) partials; the item that finishes last
+// merges them: m = max m_c, l = Σ l_c·e^(m_c - m), O = Σ O_c·e^(m_c - m) / l, lse = m + log l.
+#include "decode.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "interval.h"
+#include "queue.h"
+#include "tiles.h"
+#include "vec.h"
+
+using at::Tensor;
+
+namespace attnlab_k {
+namespace {
+
+constexpr int KB = 32;     // keys of one block: K and V blocks of D = 128 float32 fill 32 KiB
+constexpr int RMAX = 64;   // rows of one item at most (a head group wider is split in items)
+
+enum Dt { F32 = 0, BF16 = 1, F16 = 2 };
+
+static inline float half_to_float(uint16_t h) {
+  const uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  uint32_t bits;
+  if (e == 0x1f) {
+    bits = s | 0x7f800000u | (m << 13);  // Inf / NaN
+  } else if (e) {
+    bits = s | ((e + 112) << 23) | (m << 13);
+  } else if (m == 0) {
+    bits = s;
+  } else {  // subnormal: m · 2^-24 exactly
+    float f = (float)m * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &f, 4);
+    bits |= s;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// n values of type dt at src -> float32 at dst (whole vectors converted in registers)
+static inline void to_float(const void* src, int dt, int n, float* dst) {
+  int c = 0;
+  if (dt == F32) {
+    std::memcpy(dst, src, (size_t)n * 4);
+    return;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+#if defined(ATTNLAB_AVX512)
+  if (dt == BF16)
+    for (; c + 16 <= n; c += 16)
+      _mm512_storeu_ps(dst + c, _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(s + c))), 16)));
+  else
+    for (; c + 16 <= n; c += 16)
+      _mm512_storeu_ps(dst + c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + c))));
+#elif defined(ATTNLAB_AVX2)
+  if (dt == BF16)
+    for (; c + 8 <= n; c += 8)
+      _mm256_storeu_ps(dst + c, _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(s + c))), 16)));
+  else
+    for (; c + 8 <= n; c += 8)
+      _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + c))));
+#endif
+  for (; c < n; ++c) dst[c] = dt == BF16 ? bf16_to_float(s[c]) : half_to_float(s[c]);
+}
+
+// A cache tensor as the kernel reads it: rows of `n` elements, unit stride within a row.
+struct Rows {
+  const char* p;
+  int dt, esize, n;
+  int64_t sb, sh, ss;  // batch, head, row strides in elements
+  const char* row(int64_t b, int64_t h, int64_t j) const {
+    return p + (b * sb + h * sh + j * ss) * esize;
+  }
+};
+
+struct Dec {
+  int B, H, Hkv, L, S, D, Dv, DP, DvP;  // DP, DvP: head dims padded to whole vectors
+  int G, GH, R, nsub;                   // heads per kv head, heads per item, rows per item
+  const float* q;                       // (B, H, L, D) contiguous
+  Rows k, v;
+  const int32_t *lo, *hi;
+  int Bl, Hl;
+  int64_t lo_sb, lo_sh;
+  const float* slopes;
+  int64_t slope_sb;
+  float scale, softcap;
+  int pos_off;
+  int row_lo(int b, int h, int i) const { return lo[b * lo_sb + h * lo_sh + i]; }
+  int row_hi(int b, int h, int i) const { return hi[b * lo_sb + h * lo_sh + i]; }
+  // a K (V) row read in place: float32 whose length is whole vectors
+  bool k_direct() const { return k.dt == F32 && D == DP; }
+  bool v_direct() const { return v.dt == F32 && Dv == DvP; }
+};
+
+// One head group (b, hk, sub): its rows' union of key intervals and where its chunks start.
+struct Group {
+  int b, hk, sub, klo, khi, nch;
+  int64_t first_item, part;  // its first work item; its partials' offset in floats (nch > 1)
+};
+
+size_t scratch_floats(const Dec& d) {
+  // Kb (KB, DP), Vb (KB, DvP), Q (R, DP), S (R, KB), O (R, DvP), m, l, row bounds
+  return (size_t)KB * (d.DP + d.DvP) + (size_t)d.R * (d.DP + KB + d.DvP + 4) +
+         (size_t)d.R * d.DP / 2 + 16;
+}
+
+// A cache element as stored: float, or the 16 bits of a bfloat16 / float16
+struct bf16 { uint16_t x; };
+struct f16 { uint16_t x; };
+struct bf16dp { uint16_t x; };  // bfloat16 keys whose products come from AVX-512 BF16 (vdpbf16ps)
+
+// W elements at p as one vector of floats, converted in registers
+static inline vf vld(const float* p) { return vload(p); }
+#if defined(ATTNLAB_AVX512)
+static inline vf vld(const bf16* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+static inline vf vld(const f16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+static inline vf vld(const bf16dp* p) { return vld(reinterpret_cast<const bf16*>(p)); }
+
+#elif defined(ATTNLAB_AVX2)
+static inline vf vld(const bf16* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+static inline vf vld(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+static inline vf vld(const bf16dp* p) { return vld(reinterpret_cast<const bf16*>(p)); }
+#else
+static inline vf vld(const bf16* p) { return bf16_to_float(p->x); }
+static inline vf vld(const f16* p) { return half_to_float(p->x); }
+static inline vf vld(const bf16dp* p) { return bf16_to_float(p->x); }
+#endif
+
+// no NaN/Inf among the n (a multiple of W) elements at p: x·0 is 0 only for a finite x
+template <class T>
+static inline bool finite_row(const T* p, int n) {
+  vf acc = vzero();
+  for (int c = 0; c < n; c += W) acc = vfma(vld(p + c), vzero(), acc);
+  return hsum(acc) == 0.0f;
+}
+
+// Σ_c a[c]·b[c] over n (a multiple of W) elements: two chains, one horizontal sum
+template <class T>
+static inline float dot(const float* a, const T* b, int n) {
+  vf s0 = vzero(), s1 = vzero();
+  int c = 0;
+  for (; c + 2 * W <= n; c += 2 * W) {
+    s0 = vfma(vload(a + c), vld(b + c), s0);
+    s1 = vfma(vload(a + c + W), vld(b + c + W), s1);
+  }
+  for (; c < n; c += W) s0 = vfma(vload(a + c), vld(b + c), s0);
+  return hsum(vadd(s0, s1));
+}
+
+// lane t of the result = the sum of x[t]'s lanes: W horizontal sums in one tree of adds and
+// shuffles (AVX-512: 45 instructions for 16 sums, where 16 reductions take ~130)
+static inline vf hsum_lanes(vf* x) {
+#if defined(ATTNLAB_AVX512)
+  vf a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: x0+x2, y0+y2, x1+x3, y1+y3 of x[2i], x[2i+1]
+    a[i] = vadd(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]),
+                _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the partial sums of 4 keys, in order
+    b[i] = vadd(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; ++i)  // lanes pairwise summed: two 128-bit lanes per 4 keys
+    c[i] = vadd(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return vadd(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+#elif defined(ATTNLAB_AVX2)
+  vf a[4], b[2];
+  for (int i = 0; i < 4; ++i)
+    a[i] = vadd(_mm256_unpacklo_ps(x[2 * i], x[2 * i + 1]),
+                _mm256_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    b[i] = vadd(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return vadd(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+#else
+  return x[0];
+#endif
+}
+
+#if defined(ATTNLAB_AVX512)
+// q·k of bfloat16 q (exactly: a bfloat16 input's) and keys, pairs of products summed in fp32 by
+// vdpbf16ps: 32 products an instruction, no conversion. s[t] for the nk <= 16 keys at kb.
+// Compiled for AVX-512 BF16 alone; called only where the CPU has it (bf16_dot_ok)
+__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static void dot_keys_dp(
+    const uint16_t* q, const uint16_t* kb, int64_t ldk, int n, float* s, int nk) {
+  __m512 acc[16];
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  for (int c = 0; c < n; c += 32) {
+    const __m512bh qc = (__m512bh)_mm512_loadu_si512(q + c);
+    for (int t = 0; t < nk; ++t)
+      acc[t] = _mm512_dpbf16_ps(acc[t], qc, (__m512bh)_mm512_loadu_si512(kb + t * ldk + c));
+  }
+  if (nk == 1) {
+    s[0] = _mm512_reduce_add_ps(acc[0]);
+    return;
+  }
+  float tmp[16];
+  _mm512_storeu_ps(tmp, hsum_lanes(acc));
+  std::copy(tmp, tmp + nk, s);
+}
+#endif
+
+// s[t] = q·k_t for the W keys at kb (row stride ldk), n elements each
+template <class T>
+static inline void dot_keys(const float* q, const T* kb, int64_t ldk, int n, float* s) {
+  vf acc[W];
+  for (int t = 0; t < W; ++t) acc[t] = vzero();
+  for (int c = 0; c < n; c += W) {
+    const vf qc = vload(q + c);
+    for (int t = 0; t < W; ++t) acc[t] = vfma(qc, vld(kb + t * ldk + c), acc[t]);
+  }
+  vstore(s, hsum_lanes(acc));
+}
+
+// o[0..n) = o·alpha + Σ_{t<T} p[t]·V[t·ldv + ·] for n a multiple of W
+template <class T>
+static inline void pv_row(float* o, float alpha, const float* p, const T* V, int64_t ldv, int nt,
+                          int n) {
+  constexpr int NO = 4;
+  int c = 0;
+  for (; c + NO * W <= n; c += NO * W) {
+    vf acc[NO];
+    for (int u = 0; u < NO; ++u) acc[u] = vmul(vload(o + c + u * W), vset(alpha));
+    for (int t = 0; t < nt; ++t) {
+      const vf pt = vset(p[t]);
+      for (int u = 0; u < NO; ++u) acc[u] = vfma(pt, vld(V + t * ldv + c + u * W), acc[u]);
+    }
+    for (int u = 0; u < NO; ++u) vstore(o + c + u * W, acc[u]);
+  }
+  for (; c < n; c += W) {
+    vf acc = vmul(vload(o + c), vset(alpha));
+    for (int t = 0; t < nt; ++t) acc = vfma(vset(p[t]), vld(V + t * ldv + c), acc);
+    vstore(o + c, acc);
+  }
+}
+
+// One item: keys [ja, jb) of group g, its R rows; partial (O, m, l) to O/m/l (O unnormalized).
+// TK, TV: the element types the blocks are read as: the cache's own, read in place (rows of
+// whole vectors), or float, from the scratch rows converted and padded to whole vectors.
+// bad (or null): set when a query row or a cache row read holds NaN/Inf
+template <class TK, class TV>
+void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m, float* l,
+                float* buf, std::atomic<bool>* bad) {
+  const int R = d.R, DP = d.DP, DvP = d.DvP;
+  float* Kb = buf;                      // (KB, DP) converted keys
+  float* Vb = Kb + KB * DP;             // (KB, DvP) converted values
+  float* Q = Vb + KB * DvP;             // (R, DP) queries, zero-padded
+  float* Sb = Q + (int64_t)R * DP;      // (R, KB) one block's scores, then P
+  float* alpha = Sb + (int64_t)R * KB;  // (R,) each row's rescale in this block; NaN: no keys
+  int* rlo = reinterpret_cast<int*>(alpha + R);  // (R,) row bounds, clipped to the chunk
+  int* rhi = rlo + R;
+  uint16_t* Qh = reinterpret_cast<uint16_t*>(rhi + R);  // (R, DP) the queries as bfloat16
+  constexpr bool dp = std::is_same<TK, bf16dp>::value;
+  const int h0 = g.hk * d.G + g.sub * d.GH;
+  for (int r = 0; r < R; ++r) {  // r = head offset · L + row
+    const int h = h0 + r / d.L, i = r % d.L;
+    const float* qs = d.q + (((int64_t)g.b * d.H + h) * d.L + i) * d.D;
+    std::copy(qs, qs + d.D, Q + (int64_t)r * DP);
+    std::fill(Q + (int64_t)r * DP + d.D, Q + (int64_t)(r + 1) * DP, 0.0f);
+    const int bl = d.Bl > 1 ? g.b : 0, hl = d.Hl > 1 ? h : 0;
+    rlo[r] = std::max(ja, d.row_lo(bl, hl, i));
+    rhi[r] = std::min(jb, d.row_hi(bl, hl, i));
+    m[r] = NEG_INF;
+    l[r] = 0.0f;
+    std::fill(O + (int64_t)r * DvP, O + (int64_t)(r + 1) * DvP, 0.0f);
+    if (dp)  // exact: q was checked to be bfloat16 values (bf16_exact)
+      for (int c = 0; c < DP; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, Q + (int64_t)r * DP + c, 4);
+        Qh[(int64_t)r * DP + c] = (uint16_t)(bits >> 16);
+      }
+  }
+  if (bad && !finite_span(Q, (int64_t)R * DP)) bad->store(true, std::memory_order_relaxed);
+  // in place: the cache's rows (strides in elements); else the scratch's converted rows
+  const bool kd = !std::is_same<TK, float>::value || d.k_direct();
+  const bool vd = !std::is_same<TV, float>::value || d.v_direct();
+  for (int j0 = ja; j0 < jb; j0 += KB) {
+    const int nk = std::min(KB, jb - j0);
+    int ba = j0 + nk, bb = j0;  // the block's keys some row attends: [ba, bb)
+    for (int r = 0; r < R; ++r)
+      if (rlo[r] < rhi[r] && rlo[r] < j0 + nk && rhi[r] > j0) {
+        ba = std::min(ba, std::max(rlo[r], j0));
+        bb = std::max(bb, std::min(rhi[r], j0 + nk));
+      }
+    if (ba >= bb) continue;
+    const TK* kb = reinterpret_cast<const TK*>(Kb);  // key j at kb + (j - j0)·ldk
+    int64_t ldk = DP;
+    if (kd) {
+      kb = reinterpret_cast<const TK*>(d.k.row(g.b, g.hk, j0));
+      ldk = d.k.ss;
+    } else {
+      for (int j = ba; j < bb; ++j) {
+        float* o = Kb + (int64_t)(j - j0) * DP;
+        to_float(d.k.row(g.b, g.hk, j), d.k.dt, d.D, o);
+        std::fill(o + d.D, o + DP, 0.0f);
+      }
+    }
+    if (bad)
+      for (int j = ba; j < bb; ++j)
+        if (!finite_row(kb + (j - j0) * ldk, DP)) bad->store(true, std::memory_order_relaxed);
+    // every row that sees a key of the block: scores, then its online softmax step
+    for (int r = 0; r < R; ++r) {
+      const int lo = std::max(rlo[r], j0), hi = std::min(rhi[r], j0 + nk);
+      alpha[r] = NAN;
+      if (lo >= hi) continue;
+      float* s = Sb + (int64_t)r * KB;
+      const float* qr = Q + (int64_t)r * DP;
+      int j = lo;
+#if defined(ATTNLAB_AVX512)
+      if constexpr (dp) {
+        const uint16_t* kq = reinterpret_cast<const uint16_t*>(kb);
+        for (; j < hi; j += 16)
+          dot_keys_dp(Qh + (int64_t)r * DP, kq + (j - j0) * ldk, ldk, DP, s + (j - j0),
+                      std::min(16, hi - j));
+      }
+#endif
+      for (; j + W <= hi; j += W) dot_keys(qr, kb + (j - j0) * ldk, ldk, DP, s + (j - j0));
+      for (; j < hi; ++j) s[j - j0] = dot(qr, kb + (j - j0) * ldk, DP);
+      const int h = h0 + r / d.L, i = r % d.L;
+      const RowMods md{d.softcap, d.softcap > 0 ? 1.0f / d.softcap : 0.0f,
+                       d.slopes ? d.slopes[g.b * d.slope_sb + h] : 0.0f, d.slopes != nullptr,
+                       d.pos_off - i, d.scale};
+      vf mx = vset(NEG_INF);
+      const int va = (lo - j0) / W, vb = (hi - j0 + W - 1) / W;
+      for (int t = va; t < vb; ++t) {  // edge lanes outside [lo, hi) -> -inf
+        const int jv = j0 + t * W;
+        const vf x = vmask(modify(vload(s + t * W), md, jv, nullptr), jv, lo, hi);
+        vstore(s + t * W, x);
+        mx = vmax(mx, x);
+      }
+      const float mo = m[r], mn = std::max(mo, hmax(mx));
+      if (mn == NEG_INF) continue;  // every score -inf (an infinite product): nothing to add
+      const float a = mo == NEG_INF ? 0.0f : std::exp(mo - mn);
+      vf sum = vzero();
+      for (int t = va; t < vb; ++t) {
+        const vf p = vexp(vsub(vload(s + t * W), vset(mn)));
+        vstore(s + t * W, p);
+        sum = vadd(sum, p);
+      }
+      l[r] = l[r] * a + hsum(sum);
+      m[r] = mn;
+      alpha[r] = a;
+    }
+    const TV* vb = reinterpret_cast<const TV*>(Vb);  // value j at vb + (j - j0)·ldv
+    int64_t ldv = DvP;
+    if (vd) {
+      vb = reinterpret_cast<const TV*>(d.v.row(g.b, g.hk, j0));
+      ldv = d.v.ss;
+    } else {
+      for (int j = ba; j < bb; ++j) {
+        float* o = Vb + (int64_t)(j - j0) * DvP;
+        to_float(d.v.row(g.b, g.hk, j), d.v.dt, d.Dv, o);
+        std::fill(o + d.Dv, o + DvP, 0.0f);
+      }
+    }
+    if (bad)
+      for (int j = ba; j < bb; ++j)
+        if (!finite_row(vb + (j - j0) * ldv, DvP)) bad->store(true, std::memory_order_relaxed);
+    for (int r = 0; r < R; ++r) {  // O = O·a + P[lo..hi) @ V[lo..hi)   (1, n) @ (n, Dv)
+      if (std::isnan(alpha[r])) continue;
+      const int lo = std::max(rlo[r], j0), hi = std::min(rhi[r], j0 + nk);
+      pv_row(O + (int64_t)r * DvP, alpha[r], Sb + (int64_t)r * KB + (lo - j0),
+             vb + (lo - j0) * ldv, ldv, hi - lo, DvP);
+    }
+  }
+}
+
+using ItemFn = void (*)(const Dec&, const Group&, int, int, float*, float*, float*, float*,
+                        std::atomic<bool>*);
+
+// values: read in place as stored for one row (each vector converted once); for several rows,
+// converted once into the scratch's float rows that all of them read
+template <class TK>
+ItemFn item_for_v(const Dec& d) {
+  if (d.Dv % W || d.R > 1 || d.v.dt == F32) return &chunk_item<TK, float>;
+  return d.v.dt == BF16 ? &chunk_item<TK, bf16> : &chunk_item<TK, f16>;
+}
+
+// whether every q value is a bfloat16 value (its low 16 bits zero): the products of vdpbf16ps
+// are then exact, as in float32
+bool bf16_exact(const float* q, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, q + i, 4);
+    if (bits & 0xffff) return false;
+  }
+  return true;
+}
+
+bool cpu_has_bf16() {
+#if defined(ATTNLAB_AVX512) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// keys: bfloat16 keys by AVX-512 BF16 where the CPU has it and q is bfloat16; else read in place
+// for one row, converted once into the scratch for several
+ItemFn item_fn(const Dec& d, int64_t qn) {
+  if (d.k.dt == BF16 && d.D % 32 == 0 && W == 16 && cpu_has_bf16() && bf16_exact(d.q, qn))
+    return item_for_v<bf16dp>(d);
+  if (d.D % W || d.R > 1 || d.k.dt == F32) return item_for_v<float>(d);
+  return d.k.dt == BF16 ? item_for_v<bf16>(d) : item_for_v<f16>(d);
+}
+
+// the rows of one group from its chunks' partials (or its one chunk), normalized into out/lse
+void finish_group(const Dec& d, const Group& g, const float* part, float* out, float* lse) {
+  const int R = d.R, DvP = d.DvP, n = g.nch;
+  const int64_t each = (int64_t)R * (DvP + 2);  // one chunk's O (R, DvP), m (R,), l (R,)
+  const int h0 = g.hk * d.G + g.sub * d.GH;
+  for (int r = 0; r < R; ++r) {
+    const int h = h0 + r / d.L, i = r % d.L;
+    const int64_t row = ((int64_t)g.b * d.H + h) * d.L + i;
+    float* o = out + row * d.Dv;
+    float M = NEG_INF;
+    for (int c = 0; c < n; ++c) M = std::max(M, part[c * each + (int64_t)R * DvP + r]);
+    float sum = 0.0f;
+    std::fill(o, o + d.Dv, 0.0f);
+    if (M != NEG_INF)
+      for (int c = 0; c < n; ++c) {
+        const float* pc = part + c * each;
+        const float mc = pc[(int64_t)R * DvP + r], lc = pc[(int64_t)R * DvP + R + r];
+        if (mc == NEG_INF) continue;
+        const float w = std::exp(mc - M);
+        sum += lc * w;
+        const float* oc = pc + (int64_t)r * DvP;
+        for (int e = 0; e < d.Dv; ++e) o[e] += w * oc[e];
+      }
+    if (sum > 0.0f) {
+      const float inv = 1.0f / sum;
+      for (int e = 0; e < d.Dv; ++e) o[e] *= inv;
+      lse[row] = M + std::log(sum);
+    } else {
+      std::fill(o, o + d.Dv, 0.0f);
+      lse[row] = NEG_INF;
+    }
+  }
+}
+
+int dtype_of(const Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return F32;
+    case at::kBFloat16: return BF16;
+    case at::kHalf: return F16;
+    default: TORCH_CHECK(false, name, ": expected float32, bfloat16 or float16, got ",
+                         t.scalar_type());
+  }
+  return F32;
+}
+
+Rows rows_of(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 4 && t.device().is_cpu() && (t.size(3) <= 1 || t.stride(3) == 1), name,
+              ": expected a 4-d CPU tensor with unit stride along its last dim, got sizes ",
+              t.sizes(), " strides ", t.strides());
+  return Rows{static_cast<const char*>(t.data_ptr()), dtype_of(t, name), (int)t.element_size(),
+              (int)t.size(3), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+}  // namespace
+
+int64_t decode_bf16_path() { return cpu_has_bf16() ? 2 : W > 1 ? 1 : 0; }
+
+std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& lo, const Tensor& hi,
+                                        const std::optional<Tensor>& slopes, double scale,
+                                        double softcap, int64_t pos_off, int64_t chunk,
+                                        bool check) {
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.scalar_type() == at::kFloat &&
+                  q.device().is_cpu(), "q: expected a contiguous float32 (B, H, L, D) CPU tensor");
+  Dec d{};
+  d.B = q.size(0);
+  d.H = q.size(1);
+  d.L = q.size(2);
+  d.D = q.size(3);
+  d.k = rows_of(k, "k");
+  d.v = rows_of(v, "v");
+  d.Hkv = k.size(1);
+  d.S = k.size(2);
+  d.Dv = v.size(3);
+  TORCH_CHECK(k.size(0) == d.B && k.size(3) == d.D && d.Hkv > 0 && d.H % d.Hkv == 0,
+              "k: expected (B, Hkv, S, D) with H a multiple of Hkv, got ", k.sizes());
+  TORCH_CHECK(v.size(0) == d.B && v.size(1) == d.Hkv && v.size(2) == d.S,
+              "v: expected (B, Hkv, S, Dv), got ", v.sizes());
+  TORCH_CHECK(lo.dim() == 3 && hi.sizes() == lo.sizes() && lo.is_contiguous() &&
+                  hi.is_contiguous() && lo.scalar_type() == at::kInt &&
+                  hi.scalar_type() == at::kInt && (lo.size(0) == 1 || lo.size(0) == d.B) &&
+                  (lo.size(1) == 1 || lo.size(1) == d.H) && lo.size(2) == d.L,
+              "lo, hi: expected contiguous int32 (B|1, H|1, L), got ", lo.sizes());
+  d.Bl = lo.size(0);
+  d.Hl = lo.size(1);
+  d.lo_sb = d.Bl > 1 ? lo.stride(0) : 0;
+  d.lo_sh = d.Hl > 1 ? lo.stride(1) : 0;
+  d.lo = lo.data_ptr<int32_t>();
+  d.hi = hi.data_ptr<int32_t>();
+  if (slopes.has_value()) {
+    const Tensor& s = *slopes;
+    TORCH_CHECK(s.dim() == 2 && s.is_contiguous() && s.scalar_type() == at::kFloat &&
+                    (s.size(0) == 1 || s.size(0) == d.B) && s.size(1) == d.H,
+                "slopes: expected float32 (B|1, H), got ", s.sizes());
+    d.slopes = s.data_ptr<float>();
+    d.slope_sb = s.size(0) > 1 ? s.stride(0) : 0;
+  }
+  d.scale = (float)scale;
+  d.softcap = (float)softcap;
+  d.pos_off = (int)pos_off;
+  d.DP = (d.D + W - 1) / W * W;
+  d.DvP = (d.Dv + W - 1) / W * W;
+  d.q = q.data_ptr<float>();
+  d.G = d.H / d.Hkv;
+  // heads per item: all G of a kv head while their rows fit RMAX; else the largest divisor of G
+  d.GH = d.G;
+  while (d.GH > 1 && d.GH * d.L > RMAX) {
+    int g = d.GH - 1;
+    while (d.G % g) --g;
+    d.GH = g;
+  }
+  d.nsub = d.G / d.GH;
+  d.R = d.GH * d.L;
+
+  Tensor out = at::empty({d.B, d.H, d.L, d.Dv}, q.options());
+  Tensor lse = at::empty({d.B, d.H, d.L}, q.options());
+  float* po = out.data_ptr<float>();
+  float* pl = lse.data_ptr<float>();
+  if (d.B == 0 || d.H == 0 || d.L == 0) return {out, lse, check};
+
+  // groups and their keys: the union of their rows' intervals, in chunks of `chunk` keys
+  std::vector<Group> groups;
+  double bytes = 0;  // cache bytes the call reads
+  const int64_t row_bytes = (int64_t)d.D * d.k.esize + (int64_t)d.Dv * d.v.esize;
+  for (int b = 0; b < d.B; ++b)
+    for (int hk = 0; hk < d.Hkv; ++hk)
+      for (int sub = 0; sub < d.nsub; ++sub) {
+        Group g{b, hk, sub, d.S, 0, 0, 0, 0};
+        const int h0 = hk * d.G + sub * d.GH;
+        for (int h = h0; h < h0 + d.GH; ++h)
+          for (int i = 0; i < d.L; ++i) {
+            const int bl = d.Bl > 1 ? b : 0, hl = d.Hl > 1 ? h : 0;
+            const int a = d.row_lo(bl, hl, i), e = d.row_hi(bl, hl, i);
+            TORCH_CHECK(a >= e || (a >= 0 && e <= d.S), "lo, hi: row ", i, "'s keys [", a, ", ",
+                        e, ") outside [0, ", d.S, ")");
+            if (a < e) {
+              g.klo = std::min(g.klo, a);
+              g.khi = std::max(g.khi, e);
+            }
+          }
+        if (g.klo >= g.khi) g.klo = g.khi = 0;
+        bytes += (double)(g.khi - g.klo) * row_bytes;
+        groups.push_back(g);
+      }
+  // chunk <= 0: chosen here, a whole number of blocks, so that there are several items per
+  // thread (a thread the OS preempts then holds up little) yet each reads >= 256 KiB
+  const int64_t T = at::get_num_threads();
+  if (chunk <= 0) {
+    double keys = 0;
+    for (const Group& g : groups) keys += g.khi - g.klo;
+    const double want = std::max<double>((double)groups.size(), T > 1 ? 8.0 * T : 1.0);
+    const double min_keys = std::max<double>(KB, 256.0 * 1024 / std::max<int64_t>(row_bytes, 1));
+    chunk = (int64_t)std::max(min_keys, std::ceil(keys / want));
+  }
+  chunk = std::max<int64_t>(KB, (chunk + KB - 1) / KB * KB);
+  int64_t items = 0, part_floats = 0;
+  const int64_t each = (int64_t)d.R * (d.DvP + 2);
+  for (Group& g : groups) {
+    g.nch = std::max<int>(1, (int)((g.khi - g.klo + chunk - 1) / chunk));
+    g.first_item = items;
+    items += g.nch;
+    g.part = part_floats;
+    part_floats += g.nch * each;
+  }
+  std::vector<float> part(part_floats);
+  std::unique_ptr<std::atomic<int>[]> left(new std::atomic<int>[groups.size()]);
+  for (size_t i = 0; i < groups.size(); ++i) left[i].store(groups[i].nch);
+  std::vector<int64_t> owner(items), order(items);
+  for (size_t i = 0; i < groups.size(); ++i)
+    for (int c = 0; c < groups[i].nch; ++c) owner[groups[i].first_item + c] = (int64_t)i;
+  for (int64_t i = 0; i < items; ++i) order[i] = i;  // chunks are of one size: in order
+  std::atomic<bool> bad{false};
+  const ItemFn run_chunk = item_fn(d, q.numel());
+  run_items(order, scratch_floats(d), [&](int64_t item, float* buf) {
+    const Group& g = groups[owner[item]];
+    const int c = (int)(item - g.first_item);
+    const int ja = g.klo + c * (int)chunk, jb = std::min(g.khi, ja + (int)chunk);
+    float* pc = part.data() + g.part + c * each;  // (R, DvP) O, then m (R,), l (R,)
+    if (ja < jb) run_chunk(d, g, ja, jb, pc, pc + (int64_t)d.R * d.DvP,
+                           pc + (int64_t)d.R * d.DvP + d.R, buf, check ? &bad : nullptr);
+    else  // a group no row of which attends anything
+      for (int r = 0; r < d.R; ++r) pc[(int64_t)d.R * d.DvP + r] = NEG_INF;
+    // the last chunk of a group to finish merges them (acq_rel: it sees the others' partials)
+    if (left[owner[item]].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      finish_group(d, g, part.data() + g.part, po, pl);
+  }, stream_ns(bytes / 4));
+  return {out, lse, check && !bad.load()};
+}
+
+}  // namespace attnlab_k
