@@ -8,6 +8,7 @@ backend the same treatment of empty inputs, memory limits and NaN/Inf.
 
     "sdpa"       PyTorch's fused kernel (softcap/ALiBi, or an lse it can't return: the math path)
     "interval"   the compiled interval kernel (`ops/kernels`): CPU, one key interval per row
+    "decode"     the compiled decode kernel (`ops/kernels/decode.py`): a few rows, a long cache
     "tiled"      the chunk loop (`ops/tiled`): online softmax, masked-out tiles skipped, any mask
     "math"       plain PyTorch with the full score matrix (autograd through everything)
     "reference"  the NumPy float64 oracle (no autograd)
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.ops import flex, fused_cpu, numpy_ref, plain, sdpa, tiled
-from attnlab.ops.kernels import runner
+from attnlab.ops.kernels import decode, runner
 from attnlab.ops.problem import Problem
 
 Forward = Callable[[Problem, bool], tuple]  # (p, need_lse) -> (out, lse | None)
@@ -133,6 +134,11 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             "the compiled C++ interval kernel (CPU; float32/16, bfloat16): each query row's one "
             "key interval, forward and backward, GQA without copies, softcap and ALiBi",
             checked=interval_checked),
+    Backend("decode", lambda p, need_lse: decode.forward(p, need_lse), decode.why_not,
+            "the compiled C++ decode kernel (CPU; float32/16, bfloat16): at most 16 query rows "
+            "against a key/value cache read once per step as stored, the query heads of a "
+            "key/value head together, split over the keys across threads",
+            checked=decode.checked),
     Backend("tiled", lambda p, need_lse: tiled.forward(p, need_lse), runs_anything,
             "the chunk loop: online softmax over key chunks, masked-out tiles skipped, any mask, "
             "memory linear in L"),

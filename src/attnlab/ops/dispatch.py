@@ -25,6 +25,7 @@ from attnlab.ops import (
     tiled,
 )
 from attnlab.ops.backends import REGISTRY, interval_why_not, mask_grad, sdpa_on_math
+from attnlab.ops.kernels import decode
 from attnlab.ops.problem import Problem
 from attnlab.ops.scores import accum_dtype
 
@@ -60,6 +61,10 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return _choose_device(p, need_lse)
     if mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
+    if decode.takes(p):
+        return Choice("decode", f"decode-shaped ({d.L} query rows, {d.S} keys): the compiled "
+                                f"decode kernel ({_isa()}) reads each key/value row once for the "
+                                f"{d.groups} query heads that share it, split over the keys")
     if (p.structured is not None or p.has_modifiers or need_lse) and _interval(p):
         return Choice("interval", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
                                   f"({_isa()}) computes only each row's key interval")

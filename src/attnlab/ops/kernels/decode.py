@@ -1,0 +1,162 @@
+"""The decode kernel as attnlab.attention's engine for decode-shaped calls.
+
+A call is decode-shaped when a few query rows (L <= MAX_ROWS: one decoding step, a short
+speculative run) attend a long key/value cache, each row one key interval: no mask, SDPA's
+`is_causal`, or a structured mask whose `intervals` exist — `causal(align="bottom_right")`, a
+ragged batch's `padding(key_lengths)` (each sequence its own cache length, no dense mask),
+sliding windows — with softcap and ALiBi; float32, bfloat16 or float16 on the CPU.
+
+The kernel (`csrc/decode.cpp`) reads the cache as stored: every key and value row once per step
+for all the query heads that share it (GQA packed), converted to float32 in registers, the keys
+of each head split over the threads and merged exactly through their log-sum-exp. A slice of a
+preallocated cache is read in place (any batch, head and row strides; unit stride along D).
+
+The forward is the decode kernel's; a gradient, when one is asked for, is the interval kernel's
+backward on the same intervals (`kernel._bwd`), so `backend="decode"` is differentiable too.
+
+Caution: NaN/Inf follow `ops/nonfinite.py`'s rule exactly: the kernel checks every query row and
+cache row it reads; when one is not finite the call is cleaned (keys and values zeroed where
+poisoned, even without a mask) and the rows that may attend them set to NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.ops.kernels import build, gate, runner
+from attnlab.ops.problem import Problem
+
+#: query rows of a decode-shaped call at most (csrc/decode.cpp packs a head group's rows)
+MAX_ROWS = 16
+#: keys from which "auto" takes the decode kernel over SDPA's and the interval kernel
+#: (`benchmarks/decode.py`); a forced backend="decode" runs any number of keys
+MIN_KEYS = 256
+
+
+def why_not(p: Problem, need_lse: bool = False) -> str | None:
+    """Why the decode kernel cannot run this call (None: it can), answered once per Problem."""
+    key = ("kernels.decode.why_not", None)
+    if key not in p.memo:
+        p.memo[key] = _why_not(p)
+    return p.memo[key]
+
+
+def _why_not(p: Problem) -> str | None:
+    from attnlab.ops import kernels
+
+    one = "needs each query row's keys as one interval"
+    if p.score_mod is not None:
+        return 'score_mod: backend "decode" (compiled C++) cannot call a Python function'
+    if p.query.device.type != "cpu":
+        return f'backend: "decode" runs on the CPU; the inputs are on {p.query.device}'
+    if p.query.dtype not in gate.DTYPES:
+        names = ", ".join(str(t).removeprefix("torch.") for t in gate.DTYPES)
+        return (f'dtype: backend "decode" takes {names}; got '
+                f'{str(p.query.dtype).removeprefix("torch.")}')
+    if p.dropout_p:
+        return f'dropout_p: backend "decode" has no dropout; got {p.dropout_p}'
+    if p.attn_mask is not None:
+        return f'attn_mask: backend "decode" {one}; pass a structured mask= instead'
+    if p.dims.L > MAX_ROWS:
+        return (f'query: backend "decode" takes at most {MAX_ROWS} query rows (L); got '
+                f'L = {p.dims.L}')
+    if not build.enabled():
+        return 'backend: "decode" is turned off (ATTNLAB_KERNEL=0)'
+    if runner.intervals_of(p) is None:
+        return f'mask: backend "decode" {one}; {p.structured!r} does not give them'
+    if not kernels.available():
+        return f'backend: "decode" is not available: {kernels.status().reason}'
+    return None
+
+
+def takes(p: Problem) -> bool:
+    """"auto" runs this call on the decode kernel: it can, and the cache is long enough."""
+    return p.dims.S >= MIN_KEYS and why_not(p) is None
+
+
+def _cache(x: torch.Tensor, d) -> torch.Tensor:
+    """(..., Hkv, S, n) as (B, Hkv, S, n) with unit stride along n: read in place as stored."""
+    x = runner._batched(x, d)
+    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+
+
+def _grad(*xs: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+
+
+def forward(p: Problem, need_lse: bool = True, verify: bool = False):
+    """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32).
+
+    verify: the kernel checks what it reads; the result is None when a query row or a cache row
+    it read holds NaN/Inf."""
+    from attnlab.ops.kernels import kernel
+
+    d = p.dims
+    q = runner._batched(p.query, d)  # (B, H, L, D)
+    k, v = _cache(p.key, d), _cache(p.value, d)  # (B, Hkv, S, D|Dv)
+    c = runner._call(p, d.Dv)
+    ops = kernel._ops(None)
+    report = [] if verify else None
+    if _grad(q, k, v):
+        out, lse = DecodeAttention.apply(q, k, v, c, report)
+    else:
+        out, lse = _fwd(ops, c, q, k, v, report)
+    if verify and not report[0]:
+        return None
+    rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
+    return runner._shaped(out, (*rows, d.Dv)), runner._shaped(lse, rows)
+
+
+def _fwd(ops, c: gate.Call, q, k, v, report=None):
+    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)); report gets whether what the
+    kernel read was finite (None: nothing checked)."""
+    qf = q.to(torch.float32).contiguous()  # (B, H, L, D): a few rows
+    out, lse, finite = ops.decode(qf, k, v, c.lo, c.hi, c.slopes, c.scale, c.softcap, c.pos_off,
+                                  0, report is not None)
+    if report is not None:
+        report.append(finite)
+    return out.to(q.dtype), lse
+
+
+def checked(p: Problem, need_lse: bool):
+    """The decode kernel checking what it reads; when a row it read is not finite, the call
+    cleaned and the rows that may attend the poison set to NaN (`ops/nonfinite.py`'s rule, also
+    for a call without a mask, where every row may attend every key)."""
+    from attnlab.ops import nonfinite
+
+    got = forward(p, need_lse, verify=True)
+    if got is not None:
+        return got
+    p, bad = nonfinite.clean(p, always=True)
+    p, bad_q = nonfinite.clean_queries(p)
+    out, lse = forward(p, need_lse)
+    if bad is not None:
+        out, lse = nonfinite.poison(p, bad, out, lse)
+    if bad_q is not None:
+        out, lse = nonfinite.poison_queries(p, bad_q, out, lse)
+    return out, lse
+
+
+class DecodeAttention(torch.autograd.Function):
+    """The decode kernel's forward; the interval kernel's backward on the same Call."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, c: gate.Call, report=None):
+        from attnlab.ops.kernels import kernel
+
+        out, lse = _fwd(kernel._ops(None), c, q, k, v, report)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.c = c
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from attnlab.ops.kernels import kernel
+
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = kernel._bwd(ctx.c, q, k, v, out, lse, dout, dlse)
+        return dq, dk, dv, None, None
+

@@ -1,0 +1,226 @@
+"""The compiled decode kernel against the float64 formula with FlashAttention's rule (error at most
+2x a plain same-dtype implementation's), on every ISA build this CPU runs: GQA ratios, 1-16 query
+rows x caches of 1 to 70k keys (odd sizes included), ragged per-batch cache lengths (0 included),
+windows, softcap, ALiBi, float32 / bfloat16 / float16 caches read as stored, the key chunks
+merged through the lse at any chunk size; NaN/Inf in the cache confined to the rows that see it.
+The matrix is sampled (a fixed seed picks the cases); the largest caches are slow-marked."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import AttnlabError, masks
+from attnlab.ops.kernels import build
+from interval_cases import formula, isa_params, need_compiler
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SLACK = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
+
+
+@pytest.fixture(autouse=True)
+def _compiler():
+    need_compiler()
+
+
+def decode_intervals(kind: str, lens: list[int], L: int, S: int, window: int = 9):
+    """int64 lo, hi (B, 1, L): each sequence's cache of lens[b] keys, bottom-right aligned on it
+    (query i at position lens[b] - L + i), from the definitions."""
+    i = torch.arange(L)
+    lo, hi = [], []
+    for n in lens:
+        h = torch.full((L,), n) if kind == "full" else (n - L + 1 + i).clamp(0, n)
+        if kind == "top_left":  # SDPA's is_causal: row i sees keys j <= i
+            h = (i + 1).clamp(max=n)
+        lo_b = (h - window).clamp(min=0) if kind == "window" else torch.zeros(L, dtype=torch.int64)
+        empty = lo_b >= h
+        lo.append(torch.where(empty, 0, lo_b))
+        hi.append(torch.where(empty, 0, h))
+    return torch.stack(lo)[:, None], torch.stack(hi)[:, None]
+
+
+def err(x, ref):
+    fin = torch.isfinite(ref)
+    return (x.double() - ref)[fin].abs().max().item() if bool(fin.any()) else 0.0
+
+
+def run_case(isa, B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi, ragged, chunk, seed):
+    g = torch.Generator().manual_seed(seed)
+    q64 = torch.randn(B, H, L, D, generator=g, dtype=torch.float64) * 2
+    k64 = torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64)
+    v64 = torch.randn(B, Hkv, S, Dv, generator=g, dtype=torch.float64)
+    q, k, v = (x.to(dtype) for x in (q64, k64, v64))  # the inputs as the dtype holds them
+    q64, k64, v64 = (x.double() for x in (q, k, v))
+    lens = [S] * B
+    if ragged:
+        lens = [S - (b * 7919) % (S + 1) for b in range(B)]
+        lens[-1] = 0 if B > 1 else lens[-1]
+    lo, hi = decode_intervals(kind, lens, L, S)
+    slopes = torch.linspace(0.05, 0.5, H)[None] if alibi else None
+    scale, pos_off = 1 / math.sqrt(D), 5
+    kw = dict(scale=scale, softcap=softcap, slopes=None if slopes is None else slopes[0],
+              pos_off=pos_off)
+    ref, ref_lse = formula(q64, k64, v64, lo, hi, **kw)
+    plain, _ = formula(q, k, v, lo, hi, **kw)
+    if not bool(torch.isfinite(plain[torch.isfinite(ref)]).all()):  # float16 overflowed (ALiBi
+        plain, _ = formula(q.float(), k.float(), v.float(), lo, hi, **kw)  # at 70k): float32's
+    ops = build.load(isa)
+    out, lse, finite = ops.decode(q.float().contiguous(), k, v, lo.int(), hi.int(), slopes, scale,
+                                  softcap or 0.0, pos_off, chunk, True)
+    assert finite
+    e, e_plain = err(out, ref), err(plain, ref)
+    what = f"{isa} {dtype} B{B} H{H}/{Hkv} L{L} S{S} D{D}/{Dv} {kind} cap={softcap} alibi={alibi}"
+    assert e <= 2 * e_plain + SLACK[dtype], f"{what}: error {e:.3e} > 2 x {e_plain:.3e}"
+    empty = hi <= lo  # (B, 1, L): rows with no key are 0 with lse -inf, never NaN
+    assert torch.equal(torch.isinf(lse), empty.expand_as(lse)), what
+    assert bool((out[empty.expand(B, H, L)] == 0).all()), what
+    assert err(lse, ref_lse) <= 2e-6 * max(1.0, ref_lse[torch.isfinite(ref_lse)].abs().max()
+                                          .item() if bool(torch.isfinite(ref_lse).any())
+                                          else 1.0), what
+
+
+def sampled(n: int, seed: int, big: bool = False):
+    """n cases of the matrix, drawn once from a fixed seed."""
+    rnd = random.Random(seed)
+    cases = []
+    for t in range(n):
+        Hkv = rnd.choice([1, 2] if big else [1, 2, 4])
+        G = rnd.choice([1, 4] if big else [1, 2, 4, 8])
+        L = rnd.choice([1, 3] if big else [1, 1, 2, 3, 7, 16])
+        S = rnd.choice([70_001, 65_537] if big else [1, 2, 17, 97, 255, 513, 1031, 4099])
+        D = rnd.choice([16, 32, 59, 64, 111, 128])
+        Dv = D if rnd.random() < 0.7 else rnd.choice([16, 40, 64])
+        cases.append(pytest.param(
+            1 if big else rnd.choice([1, 2, 3]), Hkv * G, Hkv, L, S, D, Dv, DTYPES[t % 3],
+            rnd.choice(["full", "causal", "window", "top_left"]),
+            rnd.choice([None, None, 8.0]), rnd.random() < 0.3, rnd.random() < 0.5,
+            rnd.choice([0, 0, 32, 64, 1024]), t, id=f"case{t}"))
+    return cases
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize(("B", "H", "Hkv", "L", "S", "D", "Dv", "dtype", "kind", "softcap",
+                          "alibi", "ragged", "chunk", "seed"), sampled(14, 37))
+def test_decode_matrix(isa, B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi, ragged, chunk,
+                       seed):
+    run_case(isa, B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi, ragged, chunk, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("B", "H", "Hkv", "L", "S", "D", "Dv", "dtype", "kind", "softcap",
+                          "alibi", "ragged", "chunk", "seed"), sampled(3, 71, big=True))
+def test_decode_long_caches(B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi, ragged, chunk,
+                            seed):
+    run_case(build.chosen_isa(), B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi, ragged,
+             chunk, seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_builds_agree_and_threads_do_not_change_the_result(dtype):
+    """Every ISA build and every thread count: the same answer within float rounding; a chunk
+    of 32 keys (many partials, merged) equal to one chunk within rounding."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 8, 3, 64, generator=g).to(dtype).float()
+    k, v = (torch.randn(2, 2, 3001, 64, generator=g).to(dtype) for _ in range(2))
+    lo, hi = (x.int() for x in decode_intervals("causal", [3001, 1500], 3, 3001))
+    outs = []
+    for isa in build.runnable():
+        for chunk in (0, 32):
+            outs.append(build.load(isa).decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, chunk,
+                                               False)[0])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        outs.append(build.load(build.chosen_isa()).decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 0,
+                                                          False)[0])
+    finally:
+        torch.set_num_threads(before)
+    for o in outs[1:]:
+        assert (o - outs[0]).abs().max().item() < 2e-6
+
+
+def test_the_cache_is_read_in_place_from_a_slice():
+    """A view of a preallocated cache (rows of a longer buffer, heads strided) is read as it is."""
+    g = torch.Generator().manual_seed(5)
+    buf = torch.randn(2, 4, 500, 64, generator=g, dtype=torch.bfloat16)
+    k, v = buf[:, :2, :300], buf[:, 2:, :300]  # (2, 2, 300, 64) strided views
+    q = torch.randn(2, 8, 1, 64, generator=g, dtype=torch.bfloat16)
+    got = attnlab.attention(q, k, v, enable_gqa=True, backend="decode")
+    want = attnlab.attention(q, k.contiguous(), v.contiguous(), enable_gqa=True, backend="math")
+    assert (got.float() - want.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("where", ["seen", "past_length", "outside_window", "query"])
+def test_nonfinite_in_the_cache_stays_in_the_rows_that_see_it(where):
+    """NaN/Inf in a cache row is NaN in exactly the rows that may attend it, as on "math"."""
+    g = torch.Generator().manual_seed(9)
+    B, H, Hkv, L, S, D = 2, 4, 2, 3, 700, 32
+    q = torch.randn(B, H, L, D, generator=g)
+    k, v = torch.randn(B, Hkv, S, D, generator=g), torch.randn(B, Hkv, S, D, generator=g)
+    lens = torch.tensor([700, 400])
+    m = masks.causal("bottom_right") & masks.padding(key_lengths=lens)
+    if where == "outside_window":
+        m = m & masks.sliding_window(50, "bottom_right")
+    if where == "seen":
+        k[0, 1, 650, 3] = float("nan")
+    elif where == "past_length":
+        v[1, 0, 550, 0] = float("inf")  # sequence 1 has 400 keys: no row sees it
+    elif where == "outside_window":
+        k[0, 0, 100, 0] = float("nan")
+    else:
+        q[1, 2, 1, 0] = float("inf")
+    kw = dict(mask=m, enable_gqa=True, return_lse=True)
+    out, lse = attnlab.attention(q, k, v, backend="decode", **kw)
+    ref, ref_lse = attnlab.attention(q, k, v, backend="math", **kw)
+    nan_rows = torch.isnan(ref).any(-1)
+    assert torch.equal(torch.isnan(out).any(-1), nan_rows)
+    assert torch.equal(torch.isnan(lse), nan_rows)
+    assert (out[~nan_rows] - ref[~nan_rows]).abs().max().item() < 1e-5
+    assert int(nan_rows.sum()) == {"seen": 2 * L, "past_length": 0, "outside_window": 0,
+                                   "query": 1}[where]
+
+
+def test_no_mask_nan_key_poisons_the_heads_that_read_it():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 1, 16, generator=g)
+    k, v = torch.randn(1, 2, 300, 16, generator=g), torch.randn(1, 2, 300, 16, generator=g)
+    k[0, 0, 5, 3] = float("nan")
+    out = attnlab.attention(q, k, v, enable_gqa=True, backend="decode")
+    assert torch.isnan(out[0, :2]).all() and not torch.isnan(out[0, 2:]).any()
+
+
+def test_auto_takes_decode_shaped_calls_and_says_so():
+    q = torch.randn(1, 8, 1, 64)
+    k, v = torch.randn(1, 2, 4096, 64), torch.randn(1, 2, 4096, 64)
+    for kw in (dict(), dict(is_causal=True), dict(mask=masks.causal("bottom_right")),
+               dict(mask=masks.sliding_window(128, "bottom_right")), dict(softcap=30.0),
+               dict(return_lse=True)):
+        c = attnlab.select_backend(q, k, v, enable_gqa=True, **kw)
+        assert c.backend == "decode", (kw, c)
+        assert "decode kernel" in c.reason and "4 query heads" in c.reason
+    long_q = torch.randn(1, 8, 17, 64)
+    assert attnlab.select_backend(long_q, k, v, enable_gqa=True).backend != "decode"
+    with pytest.raises(AttnlabError, match=r"query: backend \"decode\" takes at most 16"):
+        attnlab.attention(long_q, k, v, enable_gqa=True, backend="decode")
+    with pytest.raises(AttnlabError, match="attn_mask: backend \"decode\""):
+        attnlab.attention(q, k, v, attn_mask=torch.ones(1, 4096, dtype=torch.bool),
+                          enable_gqa=True, backend="decode")
+
+
+def test_gradients_through_decode_are_the_interval_kernels():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 2, 32, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 300, 32, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 300, 32, generator=g, requires_grad=True)
+    m = masks.causal("bottom_right")
+    grads = []
+    for backend in ("decode", "math"):
+        out, lse = attnlab.attention(q, k, v, mask=m, enable_gqa=True, backend=backend,
+                                     return_lse=True)
+        grads.append(torch.autograd.grad((out * out).sum() + lse.sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        assert (a - b).abs().max().item() < 1e-4
