@@ -15,11 +15,12 @@ def gpu():
     yield from load_script("gpu")
 
 
-def test_dry_run_prints_tables_and_targets(gpu, capsys):
+def test_dry_run_prints_tables_and_targets(gpu, capsys, tmp_path):
     rc = gpu.main(["--dry-run", "--masks", "causal", "fn_sliding256", "--modes", "fwd+bwd",
-                   "--dtypes", "bf16"])
+                   "--dtypes", "bf16", "--out", str(tmp_path / "check.md")])
     out = capsys.readouterr().out
     assert rc == 0, out
+    assert (tmp_path / "check.md").read_text() == out  # the tables, also in the file
     speed = [r for r in out.splitlines() if r.startswith("| 256 ") or r.startswith("| 320 ")]
     assert len(speed) == 2 * 2 * 4  # lengths x masks x (attnlab, sdpa, flex, flash-attn)
     assert any("attnlab (auto→" in r for r in speed)
@@ -40,7 +41,14 @@ def test_mask_definitions_agree(gpu):
         assert gpu.pairs(name, L, "cpu") == int(dense.sum()), name
 
 
-def test_without_a_device_it_says_so(gpu, capsys, monkeypatch):
+def test_a_spent_budget_lists_the_cases_left(gpu, capsys, tmp_path):
+    rc = gpu.main(["--dry-run", "--masks", "causal", "--modes", "fwd", "--dtypes", "bf16",
+                   "--no-exact", "--budget-s", "1e-9", "--out", str(tmp_path / "c.md")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "skipped (the --budget-s" in out and "256 causal fwd bf16" in out
+
+
+def test_without_a_device_it_says_so(gpu, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu.main(["--L", "64"]) == 2
+    assert gpu.main(["--L", "64", "--out", str(tmp_path / "c.md")]) == 2
     assert "--dry-run" in capsys.readouterr().err

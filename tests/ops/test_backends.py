@@ -42,7 +42,7 @@ def test_every_backend_is_documented(name):
 def test_select_backend_docstring_names_what_auto_can_choose():
     doc = attnlab.select_backend.__doc__
     chosen = set(re.findall(r'Choice\("(\w+)"', inspect.getsource(dispatch)))
-    assert chosen == {"sdpa", "interval", "tiled", "math", "flex"}
+    assert chosen == {"sdpa", "interval", "decode", "tiled", "math", "flex"}
     for name in chosen:
         assert f'"{name}"' in doc
 

@@ -62,7 +62,9 @@ def attention(
         backend: "auto" (the fastest exact path; `attnlab.select_backend` says which and why),
             or one forced: "sdpa" (PyTorch's fused kernel), "interval" (the compiled CPU kernel
             for calls whose rows each attend one key interval: no mask, causal, windows,
-            documents, prefix-LM, padding and their `&`; float32/float16/bfloat16), "tiled"
+            documents, prefix-LM, padding and their `&`; float32/float16/bfloat16), "decode"
+            (the compiled CPU kernel for at most 16 query rows against a long key/value cache,
+            the same masks), "tiled"
             (online softmax over key chunks, skips masked-out tiles, any mask, memory linear
             in L), "math" (plain PyTorch, full score matrix), "reference" (NumPy float64, no
             autograd) or "flex" (PyTorch's FlexAttention). A forced backend that cannot run
@@ -115,12 +117,13 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     """Which backend `attention(..., backend="auto")` would run for these inputs, and why.
 
     Returns a Choice(backend, reason), backend one of `attnlab.BACKENDS` but "auto": on the CPU
-    "interval" (the compiled kernel: an interval-shaped mask, softcap/ALiBi or the lse, where it
-    is built and not turned off by ATTNLAB_KERNEL=0), "sdpa" (no mask, top-left causal, small or
-    dense masks), "tiled" (score_mod, masks that leave tiles empty or are too long for a dense
-    mask), "math" (a float attn_mask that needs a gradient, empty inputs); on CUDA "sdpa",
-    "flex" or "math". "reference" is never chosen: it is the oracle. `sinks` choose as an lse
-    request does: they join every backend's out through its lse.
+    "decode" (a decode-shaped call: at most 16 query rows, a cache of 256 keys or more, rows of
+    one key interval each), "interval" (the compiled kernel: an interval-shaped mask,
+    softcap/ALiBi or the lse, where it is built and not turned off by ATTNLAB_KERNEL=0), "sdpa"
+    (no mask, top-left causal, small or dense masks), "tiled" (score_mod, masks that leave tiles
+    empty or are too long for a dense mask), "math" (a float attn_mask that needs a gradient,
+    empty inputs); on CUDA "sdpa", "flex" or "math". "reference" is never chosen: it is the
+    oracle. `sinks` choose as an lse request does: they join every backend's out through its lse.
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                      mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,

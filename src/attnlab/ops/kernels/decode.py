@@ -57,9 +57,6 @@ def _why_not(p: Problem) -> str | None:
         return f'dropout_p: backend "decode" has no dropout; got {p.dropout_p}'
     if p.attn_mask is not None:
         return f'attn_mask: backend "decode" {one}; pass a structured mask= instead'
-    if p.dims.L > MAX_ROWS:
-        return (f'query: backend "decode" takes at most {MAX_ROWS} query rows (L); got '
-                f'L = {p.dims.L}')
     if not build.enabled():
         return 'backend: "decode" is turned off (ATTNLAB_KERNEL=0)'
     if runner.intervals_of(p) is None:
@@ -70,8 +67,10 @@ def _why_not(p: Problem) -> str | None:
 
 
 def takes(p: Problem) -> bool:
-    """"auto" runs this call on the decode kernel: it can, and the cache is long enough."""
-    return p.dims.S >= MIN_KEYS and why_not(p) is None
+    """"auto" runs this call on the decode kernel: a few query rows, a long enough cache, and
+    the kernel can run it. (Forced, it runs any number of rows, exactly but not fast: each item
+    holds all the rows of a head.)"""
+    return p.dims.L <= MAX_ROWS and p.dims.S >= MIN_KEYS and why_not(p) is None
 
 
 def _cache(x: torch.Tensor, d) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""Decode: one query row against a long key/value cache, K+V read per second (CPU).
+
+    .venv/bin/python benchmarks/decode.py                       # the default grid below
+    .venv/bin/python benchmarks/decode.py --S 8192 32768 --dtype bf16 --threads 1 2 --busy
+
+A decoding step reads every key and value of the cache once, 2·S·Hkv·D·(element size) bytes,
+and does a few multiply-adds per byte: its limit is the machine's read bandwidth. Each row of the
+table times, in turn in every repeat (a busy machine's load falls on all alike), one step of
+`attnlab.attention` (backend "auto", which takes the decode kernel) and one of
+`torch.nn.functional.scaled_dot_product_attention` (enable_gqa=True) on the same cache, and a
+plain read of as many bytes (`torch.sum` over a float32 buffer of the cache's size, at the same
+thread count): the machine's read bandwidth measured in the same run. Columns: K+V GB/s of each,
+attnlab's fraction of the measured read bandwidth, and × = SDPA time / attnlab time.
+`--busy` adds rows with one competing process spinning on a core (one Python loop) during the
+timing: two threads must not be slower than one there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import attnlab
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Case:
+    H: int
+    Hkv: int
+    D: int
+    S: int
+    dtype: str
+    threads: int
+    busy: bool
+
+    @property
+    def bytes(self) -> int:  # K and V: 2·S·Hkv·D elements
+        return 2 * self.S * self.Hkv * self.D * DTYPES[self.dtype].itemsize
+
+
+def interleaved(steps: dict, repeats: int) -> dict:
+    """Median seconds per call of each step, the steps timed in turn in each repeat."""
+    for fn in steps.values():
+        fn()
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure(c: Case, repeats: int, sdpa: bool) -> dict:
+    dt = DTYPES[c.dtype]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, c.H, 1, c.D, generator=g).to(dt)
+    k, v = (torch.randn(1, c.Hkv, c.S, c.D, generator=g).to(dt) for _ in range(2))
+    buf = torch.randn(c.bytes // 4, generator=g)  # as many bytes as K and V
+    steps = {"read": lambda: buf.sum(),
+             "attnlab": lambda: attnlab.attention(q, k, v, enable_gqa=True)}
+    if sdpa:
+        steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    choice = attnlab.select_backend(q, k, v, enable_gqa=True).backend
+    return {**interleaved(steps, repeats), "backend": choice}
+
+
+@contextlib.contextmanager
+def competing(on: bool):
+    """One process spinning on a core while the block runs (a busy machine's neighbour)."""
+    if not on:
+        yield
+        return
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        p.kill()
+        p.wait()
+
+
+def row(c: Case, m: dict) -> str:
+    gbs = lambda s: c.bytes / s / 1e9  # noqa: E731
+    sd = f"{gbs(m['sdpa']):.2f} | {m['sdpa'] / m['attnlab']:.1f}" if "sdpa" in m else "– | –"
+    return (f"| {c.threads} | {'yes' if c.busy else 'no'} | {c.H}/{c.Hkv} | {c.D} | {c.S} | "
+            f"{c.dtype} | {c.bytes / 2**20:.0f} | {gbs(m['read']):.2f} | "
+            f"{gbs(m['attnlab']):.2f} | {m['read'] / m['attnlab']:.0%} | {sd} | "
+            f"{m['attnlab'] * 1e3:.2f} | {m['backend']} |")
+
+
+HEADER = ["| threads | busy | H/Hkv | D | S | dtype | K+V MiB | read GB/s | attnlab GB/s | "
+          "% of read | SDPA GB/s | × SDPA | attnlab ms | backend |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", nargs="+", default=["32/8", "8/8"], help="H/Hkv pairs")
+    ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--S", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--busy", action="store_true", help="also rows with a competing process")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--sdpa-max-S", type=int, default=65536,
+                    help="time SDPA up to this cache length (it is slow beyond)")
+    a = ap.parse_args(argv)
+    heads = [tuple(int(x) for x in h.split("/")) for h in a.heads]
+    if any(len(h) != 2 or h[0] % h[1] for h in heads):
+        ap.error("--heads takes H/Hkv pairs with H a multiple of Hkv, e.g. 32/8")
+    print(f"# decode: B = 1, L = 1, one step; median of {a.repeats} repeats, the three timed in "
+          f"turn; torch {torch.__version__}")
+    print("\n".join(HEADER))
+    n = torch.get_num_threads()
+    try:
+        for busy in ([False, True] if a.busy else [False]):
+            with competing(busy):
+                for t in a.threads:
+                    torch.set_num_threads(t)
+                    for (H, Hkv) in heads:
+                        for D in a.D:
+                            for dt in a.dtype:
+                                for S in a.S:
+                                    c = Case(H, Hkv, D, S, dt, t, busy)
+                                    m = measure(c, a.repeats, a.sdpa_max_S >= S)
+                                    print(row(c, m), flush=True)
+    finally:
+        torch.set_num_threads(n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
