@@ -94,25 +94,25 @@ class _FlashLse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, is_causal: bool, scale: float):
         out, lse = fused_cpu.forward(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.is_causal, ctx.scale = mask, is_causal, scale
+        ctx.save_for_backward(q, k, v, out, lse, mask)  # all a backward reads: hooks see it
+        ctx.is_causal, ctx.scale = is_causal, scale
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, mask = ctx.saved_tensors
         if second_order.wanted():  # create_graph=True: the math path's gradients, by autograd
             B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
             second_order.check('backend "sdpa"', (B, H, L, S), q.element_size())
-            fwd = functools.partial(_math, ctx.mask, ctx.is_causal, ctx.scale)
+            fwd = functools.partial(_math, mask, ctx.is_causal, ctx.scale)
             return (*second_order.grads(fwd, (q, k, v), dout, dlse), None, None, None)
         if dout is None:  # only the lse is differentiated
             dout = torch.zeros_like(out)
         if dlse is not None and not bool(dlse.any()):
             dlse = None  # the kernel's own backward, no extra column
         dq, dk, dv = fused_cpu.backward(dout, q, k, v, out, lse, scale=ctx.scale,
-                                        attn_mask=ctx.mask, is_causal=ctx.is_causal, dlse=dlse)
+                                        attn_mask=mask, is_causal=ctx.is_causal, dlse=dlse)
         return dq, dk, dv, None, None, None
 
 
