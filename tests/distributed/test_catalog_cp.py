@@ -18,6 +18,7 @@ import catalog
 from attnlab.distributed import attend
 from attnlab.distributed.attend import Call
 from attnlab.distributed.geometry import Geometry
+from distributed import catalog_cases
 
 B, H, Hkv, D = 2, 4, 2, 8
 L = 61  # not a multiple of 2 or 3: uneven shards, zigzag chunks of different sizes
@@ -98,3 +99,67 @@ def test_ring_blocks_equal_one_process(combo):
         scale = max(1.0, float(b[fin].abs().max())) if fin.any() else 1.0
         err = float((a[fin] - b[fin]).abs().max()) / scale if fin.any() else 0.0
         assert err <= tol, f"{name}: relative error {err:.3e}"
+
+
+# -- every strategy, spawned -------------------------------------------------------------------
+
+SPAWNED = catalog_cases.cases()
+#: masks reading b or h that context_parallel_attention does not yet bind to the call's B and H
+#: (`Mask.for_call`): issue 35 item 1 under CP, trust is adding it to distributed/api.py
+ITEM_1_CP = {"function_bh", "function_and_padding", "flex_block_mask_bh"}
+
+
+def _spawned_params(slow: bool):
+    return [pytest.param(c, id=c["id"], marks=[pytest.mark.xfail(
+        strict=True, reason="issue 35 item 1 under CP: the mask is not bound to the call's "
+        "B and H (Mask.for_call) in distributed/api.py")] if c["case"] in ITEM_1_CP else [])
+        for c in SPAWNED if c["slow"] == slow]
+
+
+@pytest.fixture(scope="module")
+def spawned_quick():
+    from distributed.catalog_cases import run_catalog
+
+    return _spawned(run_catalog, False)
+
+
+@pytest.fixture(scope="module")
+def spawned_slow():
+    from distributed.catalog_cases import run_catalog
+
+    return _spawned(run_catalog, True)
+
+
+def _spawned(fn, slow: bool) -> dict:
+    from distributed.harness import run_group
+
+    out: dict = {}
+    for per_rank in run_group(fn, 4, slow, timeout_s=900.0):
+        for cid, res in per_rank.items():
+            out.setdefault(cid, []).append(res)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c", _spawned_params(False))
+def test_every_strategy_equals_one_process(c, spawned_quick):
+    _check(c, spawned_quick)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c", _spawned_params(True))
+def test_every_strategy_equals_one_process_all(c, spawned_slow):
+    _check(c, spawned_slow)
+
+
+def _check(c, results):
+    per_rank = results[c["id"]]
+    assert len(per_rank) == c["P"]
+    for rank, r in enumerate(per_rank):
+        assert "error" not in r, f"rank {rank}:\n{r['error']}"
+        if "refused" in r:
+            assert catalog_cases.may_refuse(c), f"rank {rank} refused: {r['refused']}"
+            assert "per-head mask" in r["refused"]
+            continue
+        for what in ("out", "lse", "dq", "dk", "dv"):
+            assert r[what] <= 1e-10, f"rank {rank} {what}: relative error {r[what]:.3e}"
