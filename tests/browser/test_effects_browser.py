@@ -40,3 +40,15 @@ def test_grids_click_steps_and_lens(clean_page, page_url, fx):
     assert page.eval_on_selector_all("#lens tr", "t => t.length") == 1 + 3
     assert page.eval_on_selector_all("b", "b => b.length") == 0  # the <b> in the text is text
     assert TEXT in page.text_content("#meta")
+
+
+def test_a_patch_page_says_what_its_effect_is(clean_page, tmp_path):
+    from attnlab.explain.effects import patch_effects
+
+    path = models.tiny_checkpoint(tmp_path / "run")
+    fx = patch_effects("the cat sat", "the mat sat", load_model(path))
+    out = write_effects_page(fx, tmp_path / "patch.html")
+    page = clean_page(out.as_uri(), "#effect-grid td")
+    assert "share of the gap" in page.text_content("#effect-caption")
+    assert "the cat sat" in page.text_content("#meta") and "clean" in page.text_content("#meta")
+    assert page.evaluate("window.attnlabEffects.selected") is not None  # the largest, selected

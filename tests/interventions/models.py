@@ -135,3 +135,22 @@ def tiny_checkpoint(path, text: str = "the cat sat on the mat. <b>it</b> was tir
                           n_embd=32))
     save_checkpoint(path, model, tok)
     return path
+
+
+def gpt2_dir(path):
+    """A random-weight GPT-2 LM saved with a word-level tokenizer of its own (no hub): what a
+    local Hugging Face causal LM directory holds."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tk_models
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "the", "cat", "sat", "on", "mat", "it", "was", "tired", "dog", "."]
+    tk = Tokenizer(tk_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]")
+    model = gpt2()
+    model.resize_token_embeddings(len(words))
+    model.config.architectures = ["GPT2LMHeadModel"]
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -82,3 +82,23 @@ def test_the_page_escapes_text(gpt_dir):
     fx = ablation_effects("<b>it</b> & so", loaded, lens=True)
     page = effects_html(fx)
     assert "<b>it</b>" not in page.split("<body")[1]  # only inside the JSON, as \u003c
+
+
+def test_a_local_hf_causal_lm_gets_its_head_the_measures_and_the_lens(tmp_path):
+    from attnlab.explain.subject import subject
+
+    loaded = load_model(models.gpt2_dir(tmp_path / "gpt2"))
+    s = subject(loaded)
+    assert s.causal and loaded.kind == "hf"
+    fx = ablation_effects("the cat sat on the mat", loaded, token="mat")
+    inputs, ids, _ = s.encode("the cat sat on the mat")
+    with torch.no_grad(), intervene(s.model, Ablate(2, 1)):
+        logits = s.forward(inputs)
+    lp = logits[0, fx.position - 1].double().log_softmax(-1)[ids[fx.position]].item()
+    assert fx.values[2, 1] == pytest.approx(lp, abs=1e-5)
+    assert len(fx.lens["top"]) == 4 and fx.lens["tokens"] == fx.tokens
+    diff = ablation_effects("the cat sat on the", loaded, measure="logit-diff",
+                            answers=["mat", "dog"], lens=False)
+    assert diff.effect.shape == (3, 4) and np.isfinite(diff.effect).all()
+    pt = patch_effects("the cat sat on the", "the dog sat on the", loaded, answers=["mat", "dog"])
+    assert pt.kind == "patch" and np.isfinite(pt.effect).all()
