@@ -88,7 +88,7 @@ def must_run(backend: catalog.Backend, case: catalog.MaskCase, mod: str, dtype) 
     """The combinations a backend must compute (elsewhere it may refuse with AttnlabError)."""
     if dtype not in backend.dtypes or mod not in backend.mods:
         return False
-    if backend.name == "interval":
+    if backend.name in ("interval", "decode"):  # the compiled kernels: one interval per row
         return case.interval
     return True
 

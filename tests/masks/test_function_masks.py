@@ -319,3 +319,30 @@ def test_an_interval_shaped_function_runs_on_the_interval_kernel():
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
     gap = masks.from_function(lambda b, h, i, j: (i >= j) & (i - j != 2))
     assert attnlab.select_backend(q, k, v, mask=gap).backend != "interval"
+
+
+def test_row_interval_against_brute_force():
+    """Each row's first and last key and whether it is one interval, on rows of every shape:
+    empty, full, one key, one run anywhere, runs with one-key gaps, random."""
+    from attnlab.masks.function import _row_interval
+
+    g = torch.Generator().manual_seed(5)
+    S = 13
+    rows = [torch.zeros(S, dtype=torch.bool), torch.ones(S, dtype=torch.bool)]
+    for a in range(S):
+        for b in range(a + 1, S + 1):
+            r = torch.zeros(S, dtype=torch.bool)
+            r[a:b] = True
+            rows.append(r)
+            if b - a >= 3:
+                r2 = r.clone()
+                r2[a + 1] = False
+                rows.append(r2)
+    rows += list(torch.rand(200, S, generator=g) > 0.5)
+    m = torch.stack(rows)[None, None]  # (1, 1, n, S)
+    lo, hi, ok = _row_interval(m, torch.arange(S))
+    for i, r in enumerate(rows):
+        keys = r.nonzero()[:, 0].tolist()
+        want_lo, want_hi = (keys[0], keys[-1] + 1) if keys else (0, 0)
+        assert (int(lo[0, 0, i]), int(hi[0, 0, i])) == (want_lo, want_hi), r
+        assert bool(ok[0, 0, i]) == (len(keys) == want_hi - want_lo), r

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError
-from attnlab.masks.base import Mask, _size, classify
+from attnlab.masks.base import Mask, _size, block_bounds, classify
 
 #: entries of the (Bm, Hm, rows, S) bool block evaluated at a time while classifying tiles
 BLOCK_ENTRIES = 1 << 24
@@ -159,14 +159,9 @@ class FunctionMask(Mask):
         if key not in self._tile_cache:
             ev = self._evaluate(L, S, dev, (bq, bk))
             if key not in self._tile_cache:  # not classified in that pass: from the intervals
-                from attnlab.masks.band import band_tiles
-
-                lo, hi = (x.long().expand(self.batch_size, self.heads, L)
-                          for x in ev["intervals"])
-                q_lo = torch.arange(0, L, bq, device=dev)
-                k_lo = torch.arange(0, S, bk, device=dev)
-                k_hi = torch.clamp(k_lo + bk - 1, max=S - 1)
-                self._tile_cache[key] = band_tiles(lo, hi, q_lo, k_lo, k_hi)
+                lo, hi = ev["intervals"]
+                k_lo, k_hi = block_bounds(S, bk, dev)
+                self._tile_cache[key] = self._band_tiles(lo, hi, bq, k_lo, k_hi)
         return self._tile_cache[key]
 
     def _tiles(self, q_lo, q_hi, k_lo, k_hi, L, S):
@@ -198,37 +193,47 @@ class FunctionMask(Mask):
 
     def _classes_sized(self, L, S, bq, bk, dev):
         """(exact classes (Bm, Hm, ceil(L/bq), ceil(S/bk)), intervals or None): fn on bands of
-        whole query blocks, each reduced by padding to whole tiles and reshaping, and per row to
-        its first and last key and count (one interval when count = last - first + 1)."""
+        whole query blocks. On the host each band is first reduced per row to its first and last
+        key and whether a key between them is left out (`_row_interval`); while every row so far is
+        one interval, the band's tiles are left to `band_tiles` of the intervals (exact, O(rows
+        + tiles)); from the first band with a gap on (and on a device), each band is reduced to
+        whole tiles by padding and reshaping."""
         nq, nk = -(-L // bq), -(-S // bk)
         Bm, Hm = self.batch_size, self.heads
         out = torch.empty(Bm, Hm, nq, nk, dtype=torch.int8, device=dev)
         rows = L if dev.type == "cpu" else 0  # intervals are looked for on the host only
         lo = torch.zeros(Bm, Hm, rows, dtype=torch.int64, device=dev)
         hi = torch.zeros_like(lo)
-        one = torch.ones((), dtype=torch.bool, device=dev)  # every row one interval so far
+        one = dev.type == "cpu" and S > 0  # every row so far one interval
         per_band = max(1, BLOCK_ENTRIES // max(1, Bm * Hm * S * bq))
         cols = torch.arange(S, device=dev)
+        k_lo, k_hi = block_bounds(S, bk, dev)
         for t0 in range(0, nq, per_band):  # whole query blocks at a time
             t1 = min(nq, t0 + per_band)
             r0, r1 = t0 * bq, min(L, t1 * bq)
             m = self.block(torch.arange(r0, r1, device=dev), cols, L, S)  # (Bm, Hm, r, S)
+            if one:
+                first, last, ok = _row_interval(m, cols)  # (Bm, Hm, r) each
+                lo[:, :, r0:r1], hi[:, :, r0:r1] = first, last
+                if bool(ok.all()):
+                    continue  # this band's tiles come from its intervals, below
+                one = False  # a gap: the earlier bands' tiles from their intervals, now
+                out[:, :, :t0] = self._band_tiles(lo[:, :, :r0], hi[:, :, :r0], bq, k_lo, k_hi)
             pad = (0, nk * bk - S, 0, (t1 - t0) * bq - (r1 - r0))
             shape = (Bm, Hm, t1 - t0, bq, nk, bk)
             any_ = F.pad(m, pad, value=False).reshape(shape).any(-1).any(-2)
             all_ = F.pad(m, pad, value=True).reshape(shape).all(-1).all(-2)
             out[:, :, t0:t1] = classify(all_, ~any_)
-            if S and dev.type == "cpu" and bool(one):  # (a gap seen: no more of this)
-                u = m.view(torch.uint8)  # (Bm, Hm, r, S)
-                first = u.argmax(-1)  # (Bm, Hm, r): the first key attended (0 if none)
-                last = S - u.flip(-1).argmax(-1)  # one past the last
-                f = torch.float32 if S < 2**24 else torch.float64  # counts exact
-                n = (m.to(f) @ torch.ones(S, 1, dtype=f))[..., 0]  # (Bm, Hm, r): keys per row
-                live = n > 0
-                one = ((n == (last - first).to(f)) | ~live).all()
-                lo[:, :, r0:r1] = torch.where(live, first, 0)
-                hi[:, :, r0:r1] = torch.where(live, last, 0)
-        return out, ((lo, hi) if dev.type == "cpu" and bool(one) else None)
+        if one:
+            return self._band_tiles(lo, hi, bq, k_lo, k_hi), (lo, hi)
+        return out, None
+
+    def _band_tiles(self, lo, hi, bq, k_lo, k_hi):
+        """Exact classes of the query blocks of rows [0, lo.shape[-1]) from their intervals."""
+        from attnlab.masks.band import band_tiles
+
+        q_first = torch.arange(0, lo.shape[-1], bq, device=lo.device)
+        return band_tiles(lo, hi, q_first, k_lo, k_hi)
 
     def _classes(self, L, S, q_first, k_first):
         """Exact classes (Bm, Hm, nQ, nK) of tiles starting at q_first (nQ,) × k_first (nK,):
@@ -260,6 +265,21 @@ class FunctionMask(Mask):
     def __repr__(self):
         name = getattr(self.fn, "__name__", type(self.fn).__name__)
         return f"from_function({name}, batch_size={self.given[0]}, heads={self.given[1]})"
+
+
+def _row_interval(m: torch.Tensor, cols: torch.Tensor):
+    """(lo, hi, ok) of bool rows m (..., r, S): each row's first key attended and one past its
+    last (0, 0 for a row with none), and whether every key between them is attended (the row is
+    one interval). Argmax passes, no count: the first key not attended at or after lo must lie
+    at or past hi."""
+    u = m.view(torch.uint8)
+    first = u.argmax(-1)  # (..., r): the first key attended (0 if none)
+    live = m.gather(-1, first[..., None])[..., 0]
+    last = m.shape[-1] - u.flip(-1).argmax(-1)  # one past the last attended
+    g = m | (cols < first[..., None])  # (..., r, S): False only at keys past lo not attended
+    z = g.view(torch.uint8).argmin(-1)  # the first of them (0, and g there True, if none)
+    ok = ~live | g.gather(-1, z[..., None])[..., 0] | (z >= last)
+    return torch.where(live, first, 0), torch.where(live, last, 0), ok
 
 
 def from_function(fn, batch_size: int | None = None, heads: int | None = None) -> FunctionMask:
