@@ -10,7 +10,7 @@ import torch
 
 from attnlab.errors import check_choice, check_softcap
 from attnlab.masks import Mask
-from attnlab.ops import dispatch
+from attnlab.ops import cheap, dispatch
 from attnlab.ops.problem import Problem
 from attnlab.ops.validate import make_problem
 from attnlab.ops.weights import row_indices, rows_of
@@ -103,10 +103,29 @@ def attention(
     Raises:
         AttnlabError: on bad input, naming the argument and showing the shapes.
     """
+    sig = None
+    if backend == "auto" and attn_mask is None and alibi_slopes is None and score_mod is None \
+            and sinks is None:  # the cheap path: a signature seen before (`ops/cheap.py`)
+        sig = cheap.signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
+                              softcap, return_lse)
+        plan = cheap.lookup(sig)
+        if plan is not None and plan.sdpa is not None:
+            out = cheap.run_sdpa(plan, query, key, value)
+            if out is not None:
+                return out
+        if plan is not None:
+            p = cheap.problem(plan, query, key, value)
+            out, lse = dispatch.run(plan.backend, p, need_lse=return_lse)
+            return (out, lse) if return_lse else out
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                      mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,
                      sinks=sinks)
     check_choice("backend", backend, dispatch.BACKENDS)
+    if sig is not None:
+        name = dispatch.choose(p, return_lse).backend
+        cheap.keep(sig, p, name, mask, return_lse)
+        out, lse = dispatch.run(name, p, need_lse=return_lse)
+        return (out, lse) if return_lse else out
     out, lse = dispatch.run(backend, p, need_lse=return_lse)
     return (out, lse) if return_lse else out
 

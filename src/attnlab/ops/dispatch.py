@@ -36,6 +36,9 @@ class Choice:
     reason: str
 
 
+#: up to this many query rows a top-left causal call costs less on SDPA's fused kernel than on
+#: the interval kernel (`benchmarks/small_calls.py`: its fixed cost is lower)
+SMALL_CAUSAL = 64
 #: below this many score entries (L·S) a dense mask costs less than the tiled loop's overhead
 SMALL_SCORES = 1024 * 1024
 #: above this fraction of visited tiles the fused kernel with a dense mask wins (if it fits)
@@ -65,6 +68,10 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return Choice("decode", f"decode-shaped ({d.L} query rows, {d.S} keys): the compiled "
                                 f"decode kernel ({_isa()}) reads each key/value row once for the "
                                 f"{d.groups} query heads that share it, split over the keys")
+    if p.is_plain_causal and d.L <= SMALL_CAUSAL and not need_lse and not p.has_modifiers \
+            and fused_cpu.applies(p):
+        return Choice("sdpa", f"small top-left causal (L = {d.L} <= {SMALL_CAUSAL}): PyTorch's "
+                              "fused kernel with is_causal=True has the lowest fixed cost")
     if (p.structured is not None or p.has_modifiers or need_lse) and _interval(p):
         return Choice("interval", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
                                   f"({_isa()}) computes only each row's key interval")
@@ -204,7 +211,7 @@ def _check_budget(name: str, p: Problem, need_lse: bool) -> None:
     """Refuse a dense path whose (..., H, L, S) buffers exceed `budget.limit()`."""
     scores = p.dims.scores_shape
     n = budget.entries(scores)
-    acc = torch.empty((), dtype=accum_dtype(p.query.dtype)).element_size()
+    acc = accum_dtype(p.query.dtype).itemsize
     fits = 'backend="tiled" computes it with memory linear in L'
     if name == "reference":
         budget.check("backend", '"reference" (NumPy float64)', scores, n * (6 * 8 + 1),

@@ -1,0 +1,107 @@
+"""The cheap path (`ops/cheap.py`): a call whose signature was seen before skips validation and
+the choice, with the same results, the same NaN/Inf rules and the same errors as the full path;
+a plan is never served for another mask object, another kernel switch, or held inputs."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import AttnlabError, masks
+from attnlab.ops import cheap
+
+from helpers import spy_backends
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    cheap.clear()
+    yield
+    cheap.clear()
+
+
+def _qkv(L=4, S=4, H=2, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, H, n, D, generator=g) for n in (L, S, S)]
+
+
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"mask": masks.causal("bottom_right")},
+                                {"softcap": 5.0}, {"return_lse": True}])
+def test_a_seen_signature_gives_the_full_paths_answer(kw):
+    for seed in range(3):  # first call plans, the next ones take the plan with new values
+        q, k, v = _qkv(seed=seed)
+        got = attnlab.attention(q, k, v, **kw)
+        want = attnlab.attention(q, k, v, backend="math", **kw)
+        for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+            assert (a - b).abs().max().item() < 1e-5
+    assert len(cheap._PLANS) == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nonfinite_inputs_on_a_plan_follow_the_rules(causal, where):
+    q, k, v = _qkv(L=4, S=4)
+    attnlab.attention(q, k, v, is_causal=causal)  # the plan
+    x = {"query": q, "key": k, "value": v}[where]
+    x[0, 1, 2, 3] = float("nan")
+    got = attnlab.attention(q, k, v, is_causal=causal)
+    cheap.clear()
+    want = attnlab.attention(q, k, v, is_causal=causal)  # the full path
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    if causal and where != "query":
+        assert not torch.isnan(got[0, 1, :2]).any()  # rows before the poisoned key stay clean
+
+
+def test_another_mask_object_is_another_plan():
+    q, k, v = _qkv(L=1, S=6)
+    a = attnlab.attention(q, k, v, mask=masks.padding(key_lengths=torch.tensor([6])))
+    b = attnlab.attention(q, k, v, mask=masks.padding(key_lengths=torch.tensor([2])))
+    want = attnlab.attention(q, k[:, :, :2], v[:, :, :2], backend="math")
+    assert (b - want).abs().max().item() < 1e-6 and (a - b).abs().max().item() > 1e-3
+    assert len(cheap._PLANS) == 2
+
+
+def test_a_mask_built_from_a_tensor_does_not_follow_later_writes_to_it():
+    q, k, v = _qkv(L=1, S=6)
+    lengths = torch.tensor([2])
+    m = masks.padding(key_lengths=lengths)
+    first = attnlab.attention(q, k, v, mask=m)
+    lengths[0] = 6  # the mask copied what it was given: neither the mask nor the plan change
+    again = attnlab.attention(q, k, v, mask=m)
+    assert torch.equal(first, again)
+    want = attnlab.attention(q, k[:, :, :2], v[:, :, :2], backend="math")
+    assert (again - want).abs().max().item() < 1e-6
+
+
+def test_the_kernel_switch_is_part_of_the_signature(monkeypatch):
+    q, k, v = _qkv(L=300, S=300)
+    m = masks.sliding_window(8)
+    attnlab.attention(q, k, v, mask=m)
+    used = spy_backends(monkeypatch)
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")
+    attnlab.attention(q, k, v, mask=m)
+    assert used and "interval" not in used and "decode" not in used
+
+
+def test_errors_are_the_full_paths_and_nothing_is_kept_for_them():
+    q, k, v = _qkv()
+    for _ in range(2):
+        with pytest.raises(AttnlabError, match="key"):
+            attnlab.attention(q, k[..., :5], v)
+    with pytest.raises(AttnlabError):
+        attnlab.attention(q, k, v, scale=float("nan"))
+    assert len(cheap._PLANS) == 0
+
+
+def test_a_plan_holds_no_input():
+    q, k, v = _qkv()
+    attnlab.attention(q, k, v)
+    ref = weakref.ref(q)
+    del q
+    gc.collect()
+    assert ref() is None
