@@ -56,3 +56,22 @@ def test_link_fragment_wins_over_the_opening(open_page, view):
     assert page.evaluate("[attnlabState.layer, attnlabState.head, attnlabState.pinned]") == [
         4, 1, None]
     assert watch.errors == []
+
+
+@pytest.mark.slow
+def test_step_view_carries_the_layer_walk_checked_against_the_model(open_page, view):
+    url, ma = view
+    page, watch = open_page(url, allowed=[url])
+    page.wait_for_selector("#drawing .link", state="attached")
+    page.click(".tab[data-view=step]")
+    walk = page.evaluate("attnlabState.data.walk")
+    assert (walk["layer"], walk["head"], walk["token"]) == (2, 8, ma.tokens.index("it"))
+    assert max(walk["checks"].values()) < 1e-6
+    q_line = page.text_content("#drawing .walk-q")
+    assert q_line.startswith("q = x·W_q + b_q = [") and "checked" in q_line
+    # the page's q is the captured query of the model (float32 capture: 1e-4)
+    assert abs(walk["q"][0] - float(ma.queries[2, 8, walk["token"]][0])) < 1e-4
+    assert "the layer's output" in page.text_content("#drawing .walk-out")
+    page.select_option("#head", "3")  # another head: the walk says where it was computed
+    assert "computed for layer 2, head 8" in page.text_content("#drawing .walk-elsewhere")
+    assert watch.errors == []

@@ -31,8 +31,12 @@ def test_wanted_only_on_a_terminal(monkeypatch):
 
 
 def test_lesson_is_plain_text_when_piped(capsys):
+    from attnlab.viz.lesson_text import intro
+
     assert main(["lesson"]) == 0
-    assert capsys.readouterr().out == render_lesson(build_lesson())
+    out = capsys.readouterr().out
+    assert out.startswith(intro() + render_lesson(build_lesson()))
+    assert "8. Past one head: \"it\" (token 8) through layer 2 of all-MiniLM-L6-v2" in out
 
 
 def test_lesson_draws_in_a_terminal(monkeypatch, capsys):

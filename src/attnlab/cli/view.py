@@ -48,13 +48,28 @@ def run(args) -> int:
     out = check_output("-o", args.output, (".html", ".htm"))
     loaded = open_model(args.model)
     ma = run_text(loaded, args.text)
-    write_page(ma, out, text=args.text, token=args.token)
+    o = opening(ma, args.token)
+    write_page(ma, out, text=args.text, token=args.token, walk=_walk(loaded, args.text, o))
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1024:.0f} KiB, {ma.model_name}, {ma.n_layers} layers x "
           f"{ma.n_heads} heads, {len(ma.tokens)} tokens); open it in a browser, no network needed")
-    o = opening(ma, args.token)
     print(f'it opens on layer {o["layer"]}, head {o["head"]}: the head explain ranks first for '
           f'"{ma.tokens[o["token"]]}" (token {o["token"]}), pinned')
     for w in vocabulary_notes(loaded, args.text):
         print(f"warning: {w}")
     return 0
+
+
+def _walk(loaded, text: str, o: dict) -> dict | None:
+    """The step view's layer walk for the opening (q from x, the heads through W_o, the residual,
+    positions), or None for a model the walk does not know."""
+    from attnlab.errors import AttnlabError
+    from attnlab.explain.layer import layer_walk
+
+    if not hasattr(loaded, "kind"):
+        return None
+    try:
+        return layer_walk(loaded, text, layer=o["layer"], head=o["head"],
+                          token=o["token"]).page_json()
+    except AttnlabError:
+        return None

@@ -51,6 +51,8 @@ class PagePayload:
     head_stats: dict | None
     rollout: np.ndarray | None
     opening: dict | None = None
+    #: `attnlab.explain.layer.LayerWalk.page_json()` for the opening, or None
+    walk: dict | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

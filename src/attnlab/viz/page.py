@@ -40,7 +40,8 @@ THEMES = ("light", "dark")
 
 def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bool = False,
               opening: dict[str, int | str] | None = None, *, data: dict | None = None,
-              theme: str = "light", token: str | int | None = None) -> str:
+              theme: str = "light", token: str | int | None = None,
+              walk: dict | None = None) -> str:
     """The page for one capture (`ma`), for a ready `data` (a `payload` or a `document` of
     several), or the web app's page (`app=True`, data fetched later); `opening` is where it opens,
     as a link's #fragment says it ({"view": "model", "layer": 2}), by default the head `explain`
@@ -49,7 +50,7 @@ def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bo
     if theme not in THEMES:
         raise AttnlabError(f'theme: expected "light" or "dark", got {theme!r}')
     if ma is not None:
-        data = payload(ma, text, token=token)
+        data = payload(ma, text, token=token, walk=walk)
     title = ""
     if data is not None:
         title = text or " ".join((data["sets"][0] if "sets" in data else data)["tokens"])
@@ -63,9 +64,10 @@ def page_html(ma: ModelAttention | None = None, text: str | None = None, app: bo
 
 
 def write_page(ma: ModelAttention, path, text: str | None = None,
-               token: str | int | None = None) -> Path:
+               token: str | int | None = None, walk: dict | None = None) -> Path:
     """Write the self-contained page for `ma` to `path` (UTF-8), opening on `token` (see
-    `page_html`); returns the path."""
+    `page_html`), with `walk` (the layer walk of the opening) in its step view; returns the
+    path."""
     path = Path(path)
-    path.write_text(page_html(ma, text, token=token), encoding="utf-8")
+    path.write_text(page_html(ma, text, token=token, walk=walk), encoding="utf-8")
     return path

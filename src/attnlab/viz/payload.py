@@ -45,16 +45,20 @@ def page_json(p: PagePayload) -> dict:
         "layer_masks": _b64(p.layer_masks, np.uint8), "softcap": p.softcap,
         "bias": _b64(p.bias, np.float32),  # float32 bytes keep -inf
         "head_stats": p.head_stats, "rollout": _b64(p.rollout, np.float32),
-        "opening": p.opening,
+        "opening": p.opening, "walk": p.walk,
     }
 
 
 def payload(ma: ModelAttention, text: str | None = None, *, layer_ids=None,
-            head_ids=None, token: str | int | None = None, special=None) -> dict:
+            head_ids=None, token: str | int | None = None, special=None,
+            walk: dict | None = None) -> dict:
     """The page's JSON for one capture: `page_json(page_payload(...))`; `token`: the word the
-    page opens on (default "it" when the text has it), pinned, in the head explain ranks first."""
-    return page_json(page_payload(ma, text, layer_ids=layer_ids, head_ids=head_ids,
-                                  token=token, special=special))
+    page opens on (default "it" when the text has it), pinned, in the head explain ranks first;
+    `walk`: `LayerWalk.page_json()` of that token, layer and head, for the step view."""
+    p = page_payload(ma, text, layer_ids=layer_ids, head_ids=head_ids, token=token,
+                     special=special)
+    p.walk = walk
+    return page_json(p)
 
 
 def document(parts: list[tuple[str, dict]], choices: list[dict] | None = None) -> dict:

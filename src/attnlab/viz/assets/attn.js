@@ -527,11 +527,58 @@
     });
     return { q: q, rows: r, out: out };
   }
+  // past one head, for the token, layer and head the page opens on (attnlab.explain.layer):
+  // q from x, the heads through W_o, the residual and the layer norm, positions; each checked
+  function drawWalk(svg, wk, y, rowH, l, h, i) {
+    var d = state.data, mono = { "font-family": "DejaVu Sans Mono, monospace", "font-size": 12 };
+    var c = wk.checks, e = function (x) { return x.toExponential(1); };
+    function line(text, attrs) {
+      svg.appendChild(label(10, y, text, attrs || mono));
+      y += rowH;
+    }
+    if (wk.layer !== d.layerIds[l] || wk.head !== d.headIds[h] || wk.token !== i) {
+      line("Past one head (q from x, the heads through W_o, the residual): computed for layer " +
+           wk.layer + ", head " + wk.head + ", token " + wk.token + " \u201c" + d.qTok[wk.token] +
+           "\u201d; open that, or run attnlab lesson --section layer.",
+           { "font-size": 12, fill: theme().muted, "class": "walk-elsewhere" });
+      return;
+    }
+    var xin = wk.norm === "pre" ? "LN\u2081(x)" : "x";
+    line("Past one head (float64, the model's own weights; checked = largest difference to its forward):",
+         { "font-weight": "bold", "font-size": 12, "class": "walk" });
+    line("x = " + vecText(wk.x, 6) + "  (" + wk.d_model + " dims: the token entering layer " +
+         wk.layer + ")", mono);
+    line("q = " + xin + "\u00b7W_q + b_q = " + vecText(wk.q, 6) + "  checked " + e(c.q) +
+         " (k " + e(c.k) + ", v " + e(c.v) + ")", { "font-family": mono["font-family"],
+                                                  "font-size": 12, "class": "walk-q" });
+    line(wk.n_heads + " heads' outputs concatenated = " + vecText(wk.concat, 6) + "  (" +
+         wk.n_heads + " \u00d7 " + wk.head_dim + ")", mono);
+    line("\u00d7 W_o + b_o = " + vecText(wk.attn_out, 6) + "  (what the heads add)", mono);
+    line("+ x (residual) = " + vecText(wk.residual, 6), mono);
+    if (wk.attn_norm) {
+      line("layer norm = " + vecText(wk.attn_norm, 6) + "  checked " + e(c.attention_output), mono);
+    }
+    line("+ feed-forward \u2192 the layer's output = " + vecText(wk.output, 6) + "  checked " +
+         e(c.layer_output), { "font-family": mono["font-family"], "font-size": 12,
+                              "class": "walk-out" });
+    var p = wk.positions, pos = "positions: " + (p.kind === "rotary" ?
+      "rotary, q\u00b7k unchanged when both move " + p.shift + " on (" +
+      p.rotary_dots[0].toFixed(6) + " = " + p.rotary_dots[1].toFixed(6) + ")" :
+      "x\u2080 = word + position " + wk.token + (wk.norm === "post" ? " + type, layer norm" : "") +
+      (p.x0_error != null ? " (checked " + e(p.x0_error) + ")" : ""));
+    if (p.prev_head) {
+      pos += "; words taken out, layer " + p.prev_head.layer + " head " + p.prev_head.head +
+        " still picks the previous position for " + p.prev_head.hits + " of " + p.prev_head.rows;
+    }
+    line(pos, { "font-size": 12, fill: theme().muted });
+  }
   function drawStep() {
     var d = state.data, l = state.layer, h = state.head, i = state.token, rowH = 22;
     var hasQKV = d.Q && d.K && d.V;
     var cols = hasQKV ? [0, 150, 235, 320, 410, 560, 650] : [0, 150, 260];
-    var width = hasQKV ? 960 : 560, top = hasQKV ? 118 : 70, height = top + rowH * d.S + 70;
+    var wk = d.walk, here = wk && hasQKV;
+    var width = hasQKV ? 960 : 560, top = hasQKV ? 118 : 70,
+        height = top + rowH * d.S + 70 + (here ? 10 * rowH : 0);
     var svg = newDrawing(width, height);
     svg.setAttribute("data-token", i);
     svg.appendChild(label(10, 20, "step view: " + names(l, h) + ", token " + i +
@@ -589,6 +636,7 @@
       svg.appendChild(label(10, yb + 22, "check: max |softmax here \u2212 model's weight| = " +
                             maxDiff.toExponential(1), { "font-size": 12, fill: theme().muted,
                                                         "class": "check" }));
+      if (here) drawWalk(svg, wk, yb + 22 + rowH, rowH, l, h, i);
     }
     readout("Token " + i + " \u201c" + d.qTok[i] + "\u201d in " + names(l, h) + ".");
   }

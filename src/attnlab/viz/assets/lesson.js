@@ -22,7 +22,9 @@
     grid: { tokens: copy(DATA.grid.tokens), queries: copy(DATA.grid.queries),
             keys: copy(DATA.grid.keys), values: copy(DATA.grid.values), causal: true, cell: null },
     heads: DATA.heads.heads.map(function (h) { return { name: h.name, looks_for: h.looks_for,
-                                                        w_q: copy(h.w_q), w_k: copy(h.w_k) }; }),
+                                                        w_q: copy(h.w_q), w_k: copy(h.w_k),
+                                                        w_v: copy(h.w_v) }; }),
+    w_o: copy(DATA.layer.w_o),
     tried: {}
   };
   var fields = [];   // number/word inputs kept in sync with the state
@@ -93,6 +95,38 @@
       r.keys = K;
       return r;
     });
+  }
+  // the heads together (attnlab.explain.lesson_layer): contexts, concatenated, x W_o, + x, norm
+  function layerRow() {
+    var H = DATA.heads, x = H.embeddings, it = H.tokens.indexOf(H.query_token);
+    var rows = headRows(), heads = st.heads.map(function (hd, n) {
+      var V = x.map(function (row) {
+        return hd.w_v[0].map(function (_, c) {
+          var s = 0;
+          for (var f = 0; f < row.length; f++) s += row[f] * hd.w_v[f][c];
+          return s;
+        });
+      });
+      var w = rows[n].weights, ctx = V[0].map(function (_, c) {
+        var s = 0;
+        for (var j = 0; j < V.length; j++) s += w[j] * V[j][c];
+        return s;
+      });
+      return { query: rows[n].query, values: V, weights: w, context: ctx };
+    });
+    var concat = [];
+    heads.forEach(function (hd) { concat = concat.concat(hd.context); });
+    var a = st.w_o[0].map(function (_, c) {
+      var s = 0;
+      for (var r = 0; r < concat.length; r++) s += concat[r] * st.w_o[r][c];
+      return s;
+    });
+    var res = x[it].map(function (v, c) { return v + a[c]; });
+    var mean = res.reduce(function (p, v) { return p + v; }, 0) / res.length;
+    var vr = res.reduce(function (p, v) { return p + (v - mean) * (v - mean); }, 0) / res.length;
+    var out = res.map(function (v) { return (v - mean) / Math.sqrt(vr + DATA.layer.eps); });
+    return { x: x[it].slice(), heads: heads, concat: concat, w_o: st.w_o, attn_out: a,
+             residual: res, output: out };
   }
   function normWeights(n) {
     var s = n.source === "compare" ? mainRow(false).scores : n.scores;
@@ -887,7 +921,7 @@
       var card = h("div", { "class": "head", "data-head": n });
       add(card, h("h3", {}, "head " + quote(hd.name) + " looks for " + hd.looks_for));
       var mats = h("div", { "class": "controls" });
-      [["W_q", hd.w_q], ["W_k", hd.w_k]].forEach(function (m) {
+      [["W_q", hd.w_q], ["W_k", hd.w_k], ["W_v", hd.w_v]].forEach(function (m) {
         var t = add(h("table", { "class": "mat" }), add(h("tr"), h("th"),
                                                         h("th", { colspan: 2, "class": "mname" }, m[0])));
         m[1].forEach(function (row, r) {
@@ -908,6 +942,48 @@
       return { q: q, bars: bx, top: top };
     });
     add(body, box);
+    // the heads together: what happens after each head's weighted sum
+    var lb = h("div", { "class": "layer", id: "layer-block" });
+    add(lb, h("h3", {}, "Past one head: the heads together"),
+        h("p", { "class": "note" }, "Each head borrows with its own W_v (4 features \u2192 2 " +
+          "numbers): its context vector for " + quote(H.query_token) + ". The two are " +
+          "concatenated (4 numbers), multiplied by W_o (back to the 4 features), added to " +
+          quote(H.query_token) + "'s own vector x (the residual: the heads add to x, they do not " +
+          "replace it), and normalized (mean 0, variance 1): the layer's output for " +
+          quote(H.query_token) + ". A real model does the same with 384 numbers " +
+          "(attnlab lesson --section layer, or the view's step view)."));
+    var wo = add(h("table", { "class": "mat", id: "w-o" }), add(h("tr"), h("th"),
+                 h("th", { colspan: 4, "class": "mname" }, "W_o")));
+    st.w_o.forEach(function (row, r) {
+      var tr = add(h("tr"), h("th", {}, "concat " + (r + 1)));
+      row.forEach(function (_, c) {
+        tr.appendChild(add(h("td"), field("W_o row " + (r + 1) + " " + H.features[c],
+                                          function () { return st.w_o[r][c]; },
+                                          function (x) { st.w_o[r][c] = x; st.tried.heads_edited = true; },
+                                          parseNumber)));
+      });
+      wo.appendChild(tr);
+    });
+    live.layer = {};
+    add(lb, wo);
+    ["contexts", "concat", "attn_out", "residual", "output"].forEach(function (k) {
+      live.layer[k] = h("p", { "class": "mono layer-" + k });
+      lb.appendChild(live.layer[k]);
+    });
+    add(body, lb);
+  }
+  function updateLayer() {
+    var L = layerRow(), q = quote(DATA.heads.query_token);
+    live.layer.contexts.textContent = L.heads.map(function (hd, n) {
+      return "head " + quote(st.heads[n].name) + " context = " + vecText(hd.context);
+    }).join("; ");
+    live.layer.concat.textContent = "concatenated = " + vecText(L.concat);
+    live.layer.attn_out.textContent = "\u00d7 W_o = " + vecText(L.attn_out) +
+      "  (what the heads add to " + q + ")";
+    live.layer.residual.textContent = "+ x " + vecText(L.x) + " = " + vecText(L.residual) +
+      "  (the residual)";
+    live.layer.output.textContent = "layer norm = " + vecText(L.output) + "  (the layer's output for " +
+      q + ")";
   }
   function updateHeads() {
     var H = DATA.heads, rows = headRows();
@@ -989,6 +1065,7 @@
     updateBorrow(row);
     updateMask();
     updateHeads();
+    updateLayer();
     updateCheck();
     syncFields();
     document.body.setAttribute("data-ready", "1");
@@ -1054,9 +1131,11 @@
         var x = p.heads[n] || {};
         return { name: hd.name, looks_for: hd.looks_for,
                  w_q: x.w_q ? matrix("heads.w_q", x.w_q, 4, 2) : hd.w_q,
-                 w_k: x.w_k ? matrix("heads.w_k", x.w_k, 4, 2) : hd.w_k };
+                 w_k: x.w_k ? matrix("heads.w_k", x.w_k, 4, 2) : hd.w_k,
+                 w_v: x.w_v ? matrix("heads.w_v", x.w_v, 4, 2) : hd.w_v };
       });
     }
+    var wO = p.layer && p.layer.w_o ? matrix("layer.w_o", p.layer.w_o, 4, 4) : st.w_o;
     if (p.normalize) {
       var N = p.normalize;
       if ("scores" in N) vector("normalize.scores", N.scores);
@@ -1068,13 +1147,14 @@
       throw new Error("attnlabLesson.set: dims.d: expected an integer 2 \u2026 512");
     }
     var structural = "query" in p || "keys" in p || "values" in p || "tokens" in p || p.grid ||
-      p.heads || (p.normalize && "scores" in p.normalize);
+      p.heads || p.layer || (p.normalize && "scores" in p.normalize);
     st.query = q.slice();
     st.keys = copy(K);
     st.values = copy(V);
     st.tokens = T.slice();
     st.grid = copy(grid);
     st.heads = copy(heads);
+    st.w_o = copy(wO);
     if ("scaled" in p) st.scaled = !!p.scaled;
     if (p.normalize) {
       ["source", "mode", "temperature"].forEach(function (k) { if (k in p.normalize) st.norm[k] = p.normalize[k]; });
@@ -1109,8 +1189,10 @@
       })(),
       heads: headRows().map(function (r, n) {
         return { name: st.heads[n].name, w_q: st.heads[n].w_q, w_k: st.heads[n].w_k,
+                 w_v: st.heads[n].w_v,
                  query: r.query, keys: r.keys, scores: r.scores, weights: r.weights };
-      })
+      }),
+      layer: layerRow()
     });
   }
 
