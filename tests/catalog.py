@@ -130,7 +130,7 @@ def flex_block_mask(fn, per_bh=False, block=16):
     H=None unless per_bh), read by attnlab.flex as a Mask (its blocks, fn in its Flex form)."""
     def build(B, H, L, S):
         from attnlab.flex import BlockMaskMask, create_block_mask
-        from attnlab.flex.adapt import Adapted
+        from attnlab.flexfn import Adapted
 
         bm = create_block_mask(fn, B if per_bh else None, H if per_bh else None, L, S,
                                device="cpu", BLOCK_SIZE=block)

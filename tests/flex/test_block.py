@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnlab.flex import create_block_mask
-from attnlab.flex.adapt import Adapted
 from attnlab.flex.block import BlockMaskMask, classes_of
+from attnlab.flexfn import Adapted
 from attnlab.masks import EMPTY, FULL, PARTIAL
 from flex_gallery import CASES, flamingo
 

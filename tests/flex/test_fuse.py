@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnlab.flex import flex_attention
-from attnlab.flex.adapt import Adapted
 from attnlab.flex.fuse import builtin_of
+from attnlab.flexfn import Adapted
 
 from helpers import close
 

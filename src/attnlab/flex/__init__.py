@@ -9,7 +9,7 @@
 
 `flex_attention` takes torch's arguments with torch's meaning (`attnlab.flex.api`); the BlockMask
 is used as compiled Flex uses it (`attnlab.flex.block`); mask_mods and score_mods written for
-Flex's scalar calls run unchanged (`attnlab.flex.adapt`). The rest of torch's Flex API
+Flex's scalar calls run unchanged (`attnlab.flexfn`). The rest of torch's Flex API
 (create_block_mask, BlockMask, and_masks, or_masks, noop_mask, AuxRequest, AuxOutput) is
 re-exported from torch as it is, so one import line changes.
 """
@@ -26,9 +26,9 @@ from torch.nn.attention.flex_attention import (
     or_masks,
 )
 
-from attnlab.flex.adapt import Adapted, vmapped
 from attnlab.flex.api import flex_attention, select_backend
 from attnlab.flex.block import BlockMaskMask
+from attnlab.flexfn import Adapted, vmapped
 
 __all__ = [
     "Adapted",

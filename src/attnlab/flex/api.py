@@ -5,7 +5,7 @@
 
 On CUDA the call goes to torch's compiled flex_attention with the arguments as given. On the CPU
 it becomes one `attnlab.attention` call: the BlockMask as a mask (`flex.block`), the score_mod
-as a score_mod, both in the form that gives Flex's answer (`flex.adapt`), and attnlab's
+as a score_mod, both in the form that gives Flex's answer (`attnlab.flexfn`), and attnlab's
 dispatcher picks the path: the interval kernel for an interval-shaped mask without a score_mod,
 the tiled kernel for the rest (a score_mod is called on each chunk, empty blocks are skipped,
 and tensors the score_mod reads get their gradients, `ops.captured`).
@@ -14,14 +14,13 @@ and tensors the score_mod reads get their gradients, `ops.captured`).
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 
 import torch
 
 from attnlab.errors import AttnlabError, fmt_shape
-from attnlab.flex.adapt import Adapted, adapt
 from attnlab.flex.block import BlockMaskMask, classes_of
+from attnlab.flexfn import Adapted, adapt
 from attnlab.masks import EMPTY, Mask
 from attnlab.ops import dispatch
 from attnlab.ops.api import attention, make_problem
@@ -90,7 +89,7 @@ def select_backend(query, key, value, score_mod=None, block_mask=None, scale=Non
                    enable_gqa=False, return_lse=False, kernel_options=None, *,
                    return_aux=None) -> dispatch.Choice:
     """Which path `flex_attention` takes for these inputs, and why; the reason also says which
-    form (broadcast or vmap, see `attnlab.flex.adapt`) the mask_mod and score_mod took."""
+    form (broadcast or vmap, see `attnlab.flexfn`) the mask_mod and score_mod took."""
     _check_call(query, key, value, block_mask, return_lse, return_aux, kernel_options)
     if on_cuda(query):
         return dispatch.Choice("flex", "CUDA: torch's compiled flex_attention, as given")
@@ -101,7 +100,7 @@ def select_backend(query, key, value, score_mod=None, block_mask=None, scale=Non
     p = make_problem(query, key, value, None, 0.0, False, scale, enable_gqa, mask=mask,
                      **(fused or {"score_mod": mod}))
     choice = dispatch.choose(p, need_lse=want_lse)
-    forms = _forms(p, mask, mod, fused)
+    forms = _forms(p, mod, fused)
     return dispatch.Choice(choice.backend, choice.reason + (f"; {forms}" if forms else ""))
 
 
@@ -110,30 +109,15 @@ def on_cuda(query) -> bool:
     return query.device.type == "cuda"
 
 
-def _forms(p, mask, mod, fused) -> str:
-    """Which form each function took, probing it on a few pairs of this call if it has not run
-    yet (the probe is the first block of its shape, so nothing is evaluated twice)."""
-    d, dev = p.dims, p.query.device
-    ar = lambda n: torch.arange(min(n, 8), device=dev)  # noqa: E731
-    said = []
-    fn = getattr(mask, "fn", None)
-    if isinstance(fn, Adapted):
-        if fn.form is None:
-            fn(ar(mask.batch_size)[:, None, None, None], ar(mask.heads)[None, :, None, None],
-               ar(d.L)[None, None, :, None], ar(d.S)[None, None, None, :])
-        said.append(f"mask_mod {fn.__name__}: {fn.form} form")
+def _forms(p, mod, fused) -> str:
+    """Which form each function took (`flexfn.describe`), a fused score_mod's modifiers."""
+    from attnlab.flexfn import describe
+
+    said = describe(p)
     if fused:
         what = " and ".join(f"softcap={v:g}" if k == "softcap" else "ALiBi slopes"
                             for k, v in fused.items())
         said.append(f"score_mod {getattr(mod, '__name__', 'score_mod')}: fused as {what}")
-    elif isinstance(mod, Adapted):
-        if mod.form is None:
-            B = math.prod(d.batch)
-            s = torch.zeros(min(B, 8), min(d.H, 8), min(d.L, 8), min(d.S, 8),
-                            dtype=p.query.dtype, device=dev)
-            mod(s, ar(B)[:, None, None, None], ar(d.H)[None, :, None, None],
-                ar(d.L)[None, None, :, None], ar(d.S)[None, None, None, :])
-        said.append(f"score_mod {mod.__name__}: {mod.form} form")
     return ", ".join(said)
 
 

@@ -58,7 +58,7 @@ def _listed(num: torch.Tensor, idx: torch.Tensor, nq: int, nk: int) -> torch.Ten
 
 class BlockMaskMask(Mask):
     """The mask a BlockMask describes (see the module docstring); `fn` is its mask_mod in
-    attnlab's broadcast convention (`flex.adapt`)."""
+    attnlab's broadcast convention (`attnlab.flexfn`)."""
 
     def __init__(self, bm, fn):
         self.L, self.S = (int(n) for n in bm.seq_lengths)

@@ -10,7 +10,7 @@ is recognised from its graph (torch.fx traces it once, symbolically), never from
     both      c * tanh(score / c) + (kv_idx - q_idx) * g(h)   (attnlab's order: softcap first)
 
 The slopes are g at every query head, computed by calling the function itself at q_idx = 0,
-kv_idx = 1 (in its broadcast or vmap form, `flex.adapt`). Anything else — another graph, a
+kv_idx = 1 (in its broadcast or vmap form, `attnlab.flexfn`). Anything else — another graph, a
 function torch.fx cannot trace, slopes that need a gradient — stays a score_mod.
 """
 

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError
+from attnlab.flexfn import adapt
 from attnlab.masks.base import Mask, _size, block_bounds, classify
 
 #: entries of the (Bm, Hm, rows, S) bool block evaluated at a time while classifying tiles
@@ -56,6 +57,8 @@ class FunctionMask(Mask):
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise AttnlabError(f"{name}: expected a positive int or None, got {n!r}"[:200])
         self.fn = fn
+        #: fn called as Flex's answer needs it: broadcast, or vmap for scalar-only functions
+        self._adapted = adapt(fn, score=False)
         self.given = (batch_size, heads)
         self.batch_size, self.heads = batch_size or 1, heads or 1
         self._tile_cache: dict = {}
@@ -94,6 +97,7 @@ class FunctionMask(Mask):
         got = self._calls.get(want)
         if got is None:
             got = FunctionMask(self.fn, *want)
+            got._adapted = self._adapted  # one form decision per shape for all of them
             got._reads = self._reads
             self._calls[want] = got
             self._tile_cache[("for_call", want)] = got  # kept as long as this mask
@@ -112,7 +116,7 @@ class FunctionMask(Mask):
 
     # -- evaluation ----------------------------------------------------------------------------
     def _call_fn(self, b, h, q, k) -> torch.Tensor:
-        out = self.fn(b, h, q, k)
+        out = self._adapted(b, h, q, k)
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
             raise AttnlabError(
                 f"from_function: fn must return a bool tensor, got "

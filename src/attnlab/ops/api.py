@@ -143,11 +143,17 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     empty or are too long for a dense mask), "math" (a float attn_mask that needs a gradient,
     empty inputs); on CUDA "sdpa", "flex" or "math". "reference" is never chosen: it is the
     oracle. `sinks` choose as an lse request does: they join every backend's out through its lse.
+    The reason also says which form each mask function and score_mod took on the CPU
+    ("broadcast", or "vmap" for functions written for Flex's scalar calls, `attnlab.flexfn`).
     """
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                      mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,
                      sinks=sinks)
-    return dispatch.choose(p, need_lse=return_lse)
+    from attnlab.flexfn import describe
+
+    choice = dispatch.choose(p, need_lse=return_lse)
+    forms = describe(p)  # which form each Flex function took: broadcast, or vmap
+    return dispatch.Choice(choice.backend, "; ".join([choice.reason, *forms]))
 
 
 #: query rows of weights recomputed at a time: besides the returned weights, only a block of this

@@ -180,6 +180,7 @@ def score_mod_of(p: Problem, B: int, bias=None, shift=None):
     `.to(score.dtype)` keeps its precision), and must return float scores. bias: the float
     attn_mask and its per-row shift as `_bias_of` gives them (default: computed here)."""
     user, cap, slopes = p.score_mod, p.softcap, p.alibi_slopes
+    user = getattr(user, "flex_fn", user)  # Flex calls the user's own function on scalars
     if user is not None:
         user = _checked(user)
     if bias is None:

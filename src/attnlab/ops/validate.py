@@ -56,7 +56,8 @@ def _to_batch(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
 
 def check_score_mod(fn, dims, device):
     """A score_mod bound to this call: a modifier with `bind(dims, device)` (masks.alibi) is
-    bound to its lengths and device; any other callable is taken as it is."""
+    bound to its lengths and device; any other callable, on the CPU, runs in the form that
+    gives Flex's answer (`attnlab.flexfn`: broadcast, or vmap for scalar-only functions)."""
     if fn is None:
         return None
     if not callable(fn):
@@ -64,7 +65,13 @@ def check_score_mod(fn, dims, device):
             f"score_mod: expected a callable score_mod(score, b, h, q_idx, kv_idx), got "
             f"{type(fn).__name__}")
     bind = getattr(fn, "bind", None)
-    return bind(dims, device) if callable(bind) else fn
+    if callable(bind):
+        return bind(dims, device)
+    if torch.device(device).type != "cpu":  # Flex's device kernels call it on scalars
+        return fn
+    from attnlab.flexfn import adapt
+
+    return adapt(fn, score=True)  # broadcast where it broadcasts, else vmap, as Flex
 
 
 def check_alibi(slopes, dims, device) -> torch.Tensor | None:

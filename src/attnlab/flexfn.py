@@ -11,7 +11,8 @@ row-shaped lookup. `Adapted` runs such a function in the form that gives Flex's 
 
 - broadcast form: fn on the broadcast tensors (the fast form), kept when it runs, returns a
   result that broadcasts to the block, and agrees with the vmap form on a sample of the block's
-  pairs (the first, second, middle, second-to-last and last of each index);
+  pairs (the first, second, middle, second-to-last and last of each index; on an accelerator
+  the shape alone decides, as comparing values would wait for the device);
 - vmap form: fn under torch.vmap over (b, h, q_idx, kv_idx), as Flex's eager path calls it
   (with Flex's getitem-as-index transform where plain indexing by a batched scalar fails),
   for the rest.
@@ -57,6 +58,11 @@ class Adapted:
         self.form: str | None = forced
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
+    @property
+    def flex_fn(self):
+        """The function as the user wrote it: what Flex's own kernels are given."""
+        return self.fn
+
     def __call__(self, *args):
         key = (*(tuple(a.shape) for a in args), str(args[-1].device))
         form = self._forms.get(key)
@@ -94,16 +100,20 @@ class Adapted:
         if self.forced == VMAP:
             return VMAP, self._vmapped(args)
         try:
-            out = self._broadcast(args)
-            shape = torch.broadcast_shapes(tuple(out.shape), _block_shape(args))
-            fits = shape == _block_shape(args)
-        except Exception:
-            return VMAP, self._vmapped(args)
-        if not fits:
-            return VMAP, self._vmapped(args)
+            out, err = self._broadcast(args), None
+        except Exception as e:
+            out, err = None, e
+        if err is not None or not _fits(out, args):
+            try:
+                return VMAP, self._vmapped(args)
+            except Exception:
+                if err is not None:
+                    raise err from None
+                return BROADCAST, out  # the caller says what is wrong with the result
+        if args[-1].device.type != "cpu":  # comparing values would sync the device: shapes only
+            return BROADCAST, out
         try:
-            sub = _sample(args)
-            want = self._vmapped(sub)
+            want = self._vmapped(_sample(args))
         except Exception:
             return BROADCAST, out
         got = _pick(out.expand(_block_shape(args)), args)
@@ -113,6 +123,16 @@ class Adapted:
 
     def __repr__(self):
         return f"Adapted({self.__name__}, form={self.form})"
+
+
+def _fits(out, args) -> bool:
+    """out is a tensor that broadcasts to the block (B, H, R, C) without growing it."""
+    if not isinstance(out, torch.Tensor):
+        return False
+    try:
+        return torch.broadcast_shapes(tuple(out.shape), _block_shape(args)) == _block_shape(args)
+    except RuntimeError:
+        return False
 
 
 def _block_shape(args) -> tuple[int, ...]:
@@ -179,3 +199,40 @@ def vmapped(fn, score: bool | None = None) -> Adapted:
 
         score = _get_mod_type(fn) == _ModificationType.SCORE_MOD
     return Adapted(fn, score, forced=VMAP)
+
+
+def describe(p) -> list[str]:
+    """"mask_mod NAME: FORM form" / "score_mod NAME: FORM form" for each Flex function of a
+    validated call (its structured mask's functions, its score_mod), probing a function that has
+    not run yet on a few pairs of the call (that probe is its first block of that shape)."""
+    d, dev = p.dims, p.query.device
+    ar = lambda n: torch.arange(min(n, 8), device=dev)  # noqa: E731
+    said = []
+    for m in _parts(p.structured):
+        fn = m.__dict__.get("_adapted", m.__dict__.get("fn"))
+        if not isinstance(fn, Adapted):
+            continue
+        if fn.form is None:
+            fn(ar(m.batch_size)[:, None, None, None], ar(m.heads)[None, :, None, None],
+               ar(d.L)[None, None, :, None], ar(d.S)[None, None, None, :])
+        said.append(f"mask_mod {fn.__name__}: {fn.form} form")
+    mod = p.score_mod
+    if isinstance(mod, Adapted):
+        if mod.form is None:
+            B = 1
+            for n in d.batch:
+                B *= n
+            s = torch.zeros(min(B, 8), min(d.H, 8), min(d.L, 8), min(d.S, 8),
+                            dtype=p.query.dtype, device=dev)
+            mod(s, ar(B)[:, None, None, None], ar(d.H)[None, :, None, None],
+                ar(d.L)[None, None, :, None], ar(d.S)[None, None, None, :])
+        said.append(f"score_mod {mod.__name__}: {mod.form} form")
+    return said
+
+
+def _parts(mask) -> list:
+    """The leaves of a mask's & | ~ tree (duck-typed: no import of attnlab.masks here)."""
+    if mask is None:
+        return []
+    kids = [getattr(mask, n) for n in ("a", "b") if hasattr(mask, n)]
+    return [x for k in kids for x in _parts(k)] if kids else [mask]
