@@ -225,3 +225,23 @@ def test_a_broadcast_block_mask_runs_its_mask_mod_at_every_batch_and_head():
     bm = create_block_mask(per_bh, None, None, 64, 64, device="cpu")
     want, _ = dense_reference(q.double(), k.double(), v.double(), per_bh)
     close(flex_attention(q, k, v, block_mask=bm), want, atol=1e-5)
+
+
+def test_attnlab_attention_runs_scalar_only_functions_too():
+    """The failures that motivated the adapter: attention-gym's Flamingo mask as a mask function
+    and its MLA score_mod, through attnlab.attention itself, forward and backward."""
+    from flex_gallery import CASES
+
+    flam, mla = CASES["gym flamingo"].mask_mod, CASES["gym mla rope"].score_mod
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 97, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 4, 33, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    m = masks.from_function(flam)
+    why = attnlab.select_backend(q, k, v, mask=m, score_mod=mla).reason
+    assert why.count("vmap form") == 2, why
+    out = attnlab.attention(q, k, v, mask=m, score_mod=mla)
+    want, _ = dense_reference(q, k, v, flam, mla)
+    close(out, want, atol=1e-10)
+    g1 = torch.autograd.grad(out.sum(), q)[0]
+    g2 = torch.autograd.grad(want.sum(), q)[0]
+    close(g1, g2, atol=1e-10, what="dq")
