@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.ops import scores
 from attnlab.ops.problem import Problem
 
-#: output dtypes whose join (and its gradient, the sinks' a sum over every row) runs in float64:
-#: in float32 its sums over B·L rows lose a few ulps more than a plain implementation's
+#: output dtypes whose join of the (..., H, L) statistics runs in float64 (the sinks' gradient is
+#: a sum over every row: in float32 it loses a few ulps more than a plain implementation's);
+#: the output itself is scaled in its accumulation dtype
 WIDE = {torch.float32: True}
 
 
@@ -41,5 +43,6 @@ def attach(p: Problem, out: torch.Tensor, lse: torch.Tensor):
     t = t[:, None] if p.dims.ndim > 2 else t[0]  # (H,) -> (H, 1): broadcast over (..., H, L)
     new = torch.logaddexp(lse.to(acc), t)  # (..., H, L)
     keep = torch.exp(lse.to(acc) - new)  # (..., H, L): the share of the mass left to the keys
-    out = (out.to(acc) * keep[..., None]).to(out.dtype)  # (..., H, L, Dv)
+    keep = keep.to(scores.accum_dtype(out.dtype))  # out itself is scaled in its own precision
+    out = (out.to(keep.dtype) * keep[..., None]).to(out.dtype)  # (..., H, L, Dv)
     return out, new.to(lse.dtype)
