@@ -13,6 +13,7 @@ from attnlab.cli import main
 from attnlab.explain.effects import ablation_effects, patch_effects
 from attnlab.explain.model import load_model
 from attnlab.interventions import Ablate, Patch, intervene, record_heads
+from attnlab.interventions.measures import text_loss
 from attnlab.viz.effects_page import effects_html
 from interventions import models
 
@@ -102,3 +103,21 @@ def test_a_local_hf_causal_lm_gets_its_head_the_measures_and_the_lens(tmp_path):
     assert diff.effect.shape == (3, 4) and np.isfinite(diff.effect).all()
     pt = patch_effects("the cat sat on the", "the dog sat on the", loaded, answers=["mat", "dog"])
     assert pt.kind == "patch" and np.isfinite(pt.effect).all()
+
+
+def test_mean_ablation_effects_use_the_references_mean(gpt_dir):
+    from attnlab.interventions import HeadOutputs, MeanAblate
+
+    loaded = load_model(gpt_dir)
+    refs = ["on the mat it was", "so tired the cat"]
+    fx = ablation_effects("the cat sat", loaded, measure="loss", mean_of=refs, lens=False)
+    model, tok = loaded.model, loaded.tokenizer
+    runs = []
+    for t in refs:
+        with torch.no_grad(), record_heads(model) as rec:
+            model(torch.tensor([tok.encode(t)]))
+        runs.append(rec)
+    ids = torch.tensor([tok.encode("the cat sat")])
+    with torch.no_grad(), intervene(model, MeanAblate(1, 3, HeadOutputs.average(runs))):
+        loss = text_loss(model(ids)[0], ids[0]).item()
+    assert fx.how == "mean" and fx.values[1, 3] == pytest.approx(loss, abs=1e-5)
