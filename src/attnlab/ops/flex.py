@@ -3,10 +3,14 @@
 attnlab's masks already classify (query-block, key-block) tiles as EMPTY / PARTIAL / FULL on the
 call's device (`Mask.tiles`); those classes become FlexAttention's BlockMask directly
 (`BlockMask.from_kv_blocks`): EMPTY tiles are skipped, FULL tiles run without the mask, PARTIAL
-tiles evaluate the mask's `mask_mod` (for `from_function` masks the user's function itself, for the
-built-in kinds their own `block` on the kernel's scalar indices). Everything else of the call
-becomes one score_mod, in the order of attnlab's score pipeline (`ops.scores`): the user's
-score_mod, softcap, ALiBi, SDPA's float attn_mask. A bool attn_mask joins the mask.
+tiles evaluate the mask's `mask_mod`: each mask kind says how Flex sees it (`Mask.mask_mod`: the
+user's function for `from_function`, comparisons for causal and windows, loads of lengths, ids,
+per-row intervals or bits for the others, `&`, `|`, `~` combining their parts). Everything else
+of the call becomes one score_mod, in the order of attnlab's score pipeline (`ops.scores`): the
+user's score_mod (fed float32 scores for fp16/bf16 inputs, its result checked), softcap, ALiBi,
+SDPA's float attn_mask (a row of it wholly below -1e30, HF's finfo.min padding, moved up inside
+the score_mod and its lse moved back, so the lse does not overflow in Flex's log2 units). A
+bool attn_mask joins the mask.
 
 Where it runs: CUDA (the kernel "auto" picks for structured masks, mask functions and score_mods
 there; forward and backward, lse), and CPU (torch compiles the forward only: no backward, and the
@@ -14,7 +18,10 @@ lse comes from torch's eager, unfused Flex; "auto" never picks it on CPU). torch
 once per process and reused; the first call of each shape and mask pays the compile.
 
 Caution: no dropout (FlexAttention has none); in a BlockMask, batch and heads the mask does not
-depend on are broadcast (size 1), as create_block_mask(B=None, H=None) makes them.
+depend on are broadcast (size 1), as create_block_mask(B=None, H=None) makes them. The float
+attn_mask's row shift is taken over the row's finite entries, masked keys included: a row whose
+float mask is below -2.4e38 on every key a structured mask allows but not on one it masks still
+gets Flex's lse of -inf (HF's masks, one float tensor holding everything, never do this).
 """
 
 from __future__ import annotations
