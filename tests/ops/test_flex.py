@@ -161,3 +161,21 @@ def test_flex_score_mod_returns_are_checked(eager, ret):
     q, k, v = qkv(L=8, S=8, Hkv=4)
     with pytest.raises(AttnlabError, match="score_mod"):
         attnlab.attention(q, k, v, backend="flex", score_mod=ret)
+
+
+@pytest.mark.slow
+def test_compiled_flex_on_cpu_with_the_issue_35_paths():
+    """torch.compile'd Flex through the checked score_mod, the finfo.min row shift and per-batch
+    padding's own mask_mod (the wrappers must trace)."""
+    q, k, v = qkv(L=200, S=256, H=2, Hkv=2, D=16, dtype=torch.float32)
+    table = torch.randn(512, generator=torch.Generator().manual_seed(1))
+
+    def mod(s, b, h, qi, ki):
+        return s + table[(qi - ki).abs()].to(s.dtype)
+
+    bias = torch.zeros(200, 256)
+    bias[7] = torch.finfo(torch.float32).min
+    kw = dict(mask=masks.padding(key_lengths=[256, 170]), score_mod=mod, attn_mask=bias)
+    want = attnlab.attention(q, k, v, backend="math", **kw)
+    out = attnlab.attention(q, k, v, backend="flex", **kw)
+    assert (out - want).abs().max() < 1e-5
