@@ -10,7 +10,10 @@ How it plugs in (transformers 5): an attention function registered in `Attention
 (module, query (B, H, L, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv), attention_mask, scaling,
 dropout, **kwargs) and returns (output (B, L, H, Dv), weights (B, H, L, S) or None). The masks come
 from `AttentionMaskInterface`: a name missing there gets *no mask at all* (padding silently lost),
-so `register()` installs transformers' SDPA mask builder under the same name. That builder gives a
+so `register()` installs a mask builder under the same name (`hf_masks.attnlab_mask`): an attnlab
+structured mask for causal and sliding-window calls with left or right padding (no (B, 1, L, S)
+matrix: the interval kernel for a prefill, the decode kernel for each step), else transformers'
+SDPA mask builder. That builder gives a
 bool mask (True = may attend, attnlab's convention) or None when the mask is plain causal or
 plain full, in which case causality comes from `module.is_causal` (never for one query row: a
 decoding step sees the whole cache). A float mask a caller built itself is added to the scores.
@@ -33,9 +36,10 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.adapters import recording
+from attnlab.adapters import hf_masks, recording
 from attnlab.errors import AttnlabError
 from attnlab.interventions import active as interventions
+from attnlab.masks import Mask
 from attnlab.ops.api import WEIGHT_ROWS, attention, make_problem, run_with_weights
 
 NAME = "attnlab"
@@ -48,15 +52,15 @@ def register() -> str:
     """
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as e:
         raise AttnlabError(
             f"attnlab.adapters.hf needs transformers >= 5: pip install 'attnlab[hf]' ({e})"
         ) from None
     if AttentionInterface._global_mapping.get(NAME) is not attnlab_attention_forward:
         AttentionInterface.register(NAME, attnlab_attention_forward)
-    if AttentionMaskInterface._global_mapping.get(NAME) is not sdpa_mask:
-        AttentionMaskInterface.register(NAME, sdpa_mask)
+    if AttentionMaskInterface._global_mapping.get(NAME) is not hf_masks.attnlab_mask:
+        AttentionMaskInterface.register(NAME, hf_masks.attnlab_mask)
     return NAME
 
 
@@ -123,14 +127,21 @@ def attnlab_attention_forward(
     weights (B, H, L, S) when asked for, else None).
     """
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))  # GPT-OSS: its module.sinks, (H,)
-    causal = _is_causal(module, is_causal, attention_mask, query.shape[-2])
+    structured = None  # an attnlab Mask from the mask builder (`hf_masks`): no dense matrix
+    if isinstance(attention_mask, Mask):
+        structured, attention_mask = attention_mask, None
+        if kwargs.get("position_bias") is not None:  # T5's bias joins one dense float mask
+            L, S = query.shape[-2], key.shape[-2]
+            attention_mask, structured = structured.to_dense(L, S, device=query.device), None
+    causal = structured is None and _is_causal(module, is_causal, attention_mask,
+                                               query.shape[-2])
     mask = attention_mask
     if kwargs.get("position_bias") is not None:
         mask, causal = _with_position_bias(kwargs["position_bias"], mask, causal), False
     if mask is not None and mask.is_floating_point() and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
     args = dict(attn_mask=mask, dropout_p=float(dropout or 0.0), is_causal=causal, scale=scaling,
-                enable_gqa=key.shape[-3] != query.shape[-3])
+                enable_gqa=key.shape[-3] != query.shape[-3], mask=structured)
     if kwargs.get("softcap") is not None:  # Gemma 2: softcap * tanh(scaled score / softcap)
         args["softcap"] = float(kwargs["softcap"])
     if sinks is not None:
@@ -141,7 +152,8 @@ def attnlab_attention_forward(
         out = interventions.apply(layer, out, value)  # an active intervention's edit, if any
         return out.transpose(1, 2).contiguous(), None  # -> (B, L, H, Dv)
     p = make_problem(query, key, value, args["attn_mask"], args["dropout_p"], causal, scaling,
-                     args["enable_gqa"], mask=None, softcap=args.get("softcap"), sinks=sinks)
+                     args["enable_gqa"], mask=structured, softcap=args.get("softcap"),
+                     sinks=sinks)
     if sinks is not None and recording.recording():
         raise AttnlabError("s_aux: a recording has no attention sinks (its steps are the "
                            "lesson's softmax); record a model without them")
