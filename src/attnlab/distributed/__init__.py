@@ -23,6 +23,25 @@ split head and tail over the ranks), planned by `varlen_plan`.
 
 Caution: every rank must make the same call (checked: a mismatch is an AttnlabError on every
 rank) and, when gradients are needed, run the backward. Per-head masks do not go with "ulysses".
+
+Files (`docs/develop.md` says which a change touches):
+
+- planning, the same on every rank and before anything runs: layouts.py (which global tokens a
+  rank holds), geometry.py (which (query, key) pieces the mask leaves anything in, which key rows
+  each rank needs from each other), blockmask.py (a global mask seen from one block), pairs.py
+  (a block's pairs with something to attend), headrule.py (Ulysses' head split), grouped.py
+  (hybrid's groups as the ring sees them), cost.py and blockcost.py (bytes, FLOPs and time of
+  each strategy; `plan`, "auto"), calibrate.py (the link and compute rates the model uses),
+  validate.py (every rank makes the same call);
+- running, this rank's arithmetic: api.py (the public functions and the handle a model gets),
+  ring.py, gather.py, ulysses.py, hybrid.py, varlen.py (the strategies and packed sequences),
+  attend.py (one key block against this rank's queries, shared by ring and all-gather, and the
+  strategies' autograd Function), kernel_block.py (a block as whole interval-kernel calls),
+  blocks.py (a pair's backward, dropout), keyed.py (keyed dropout), ledger.py (live tensor bytes,
+  for the memory tests);
+- wire: comm.py, the only file that calls torch.distributed (every collective with what travels
+  and its size, a timeout on every wait, the record `record()` returns), spawn.py (P local gloo
+  processes for tests and benchmarks).
 """
 
 from attnlab.distributed.api import (

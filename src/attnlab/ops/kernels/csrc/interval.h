@@ -19,9 +19,33 @@ constexpr int RQ = 8;
 #else
 constexpr int RQ = 4;
 #endif
-constexpr int BQ = 64;   // query rows of one forward / dQ work item (a "panel"): 16 groups
-constexpr int BK = 512;  // key columns of one forward / dQ step
-constexpr int KP = 64;   // keys of one dK/dV work item
+// The block sizes. Each can be overridden at build time (-DATTNLAB_BQ=32 ...) only to measure an
+// alternative (benchmarks/kernel_blocks.py); the library always ships with these.
+#ifndef ATTNLAB_BQ
+#define ATTNLAB_BQ 64
+#endif
+#ifndef ATTNLAB_BK
+#define ATTNLAB_BK 512
+#endif
+#ifndef ATTNLAB_KP
+#define ATTNLAB_KP 64
+#endif
+// Measured alternatives: BK = 64, 128, 256 were slower than 512 (Xeon, 3 December 2026:
+// docs/performance.md, "Alternatives measured and not taken"); BQ = 32, 128 and KP = 32, 128
+// (benchmarks/kernel_blocks.py, 4 December 2026) fell within that run's noise: at load average 15
+// a KP change moved the forward, which KP does not touch, by up to 20%. Re-run it on an idle
+// machine before changing one.
+// BQ: query rows of one forward / dQ work item (a "panel"; 8 groups of 8 rows on AVX-512, 16 of
+// 4 on AVX2). A panel's q rows stay in L1 across its keys (64 × D = 64 floats: 16 KiB of the
+// 32-48 KiB L1d), and its rows' intervals are one key range, so a panel skips what its rows skip.
+constexpr int BQ = ATTNLAB_BQ;
+// BK: key columns of one forward / dQ step: one score block per group, RQ × BK floats (16 KiB
+// on AVX-512) in L1 beside q, and a long run of keys per softmax rescale.
+constexpr int BK = ATTNLAB_BK;
+// KP: keys of one dK/dV work item: its dK and dV accumulators (KP × D each) stay in L1 while the
+// panels of the query rows that reach those keys stream past; one item per 64 keys gives a 4k
+// call 64 items per head to balance across threads.
+constexpr int KP = ATTNLAB_KP;
 constexpr int PAD = 16;  // kt/vt columns and k/v rows are padded to multiples of this
 
 struct Problem {

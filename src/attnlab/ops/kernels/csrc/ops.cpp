@@ -464,6 +464,25 @@ Tensor row_dot(const Tensor& a, const Tensor& b) {
 
 int64_t simd_width() { return W; }
 
+// vexp (fn 0) or vtanh (fn 1) of every float of x (n,), computed by this build's own vec.h code
+// W lanes at a time: what tests/ops/test_kernel_math.py measures against float64
+Tensor math_probe(const Tensor& x, int64_t fn) {
+  expect(x, "x", 1);
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x: expected float32");
+  TORCH_CHECK(fn == 0 || fn == 1, "fn: expected 0 (vexp) or 1 (vtanh), got ", fn);
+  Tensor out = at::empty({x.numel()}, x.options());
+  const float* p = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); i += W) {
+    const int w = (int)std::min<int64_t>(W, x.numel() - i);
+    float lane[W] = {};
+    std::copy(p + i, p + i + w, lane);
+    vstore(lane, fn == 0 ? vexp(vload(lane)) : vtanh(vload(lane)));
+    std::copy(lane, lane + w, o + i);
+  }
+  return out;
+}
+
 // The FMA ceiling of one core for this build: `iters` rounds of independent multiply-adds on
 // registers (no memory), what a perfectly fed GEMM would do; returns the flops, the caller times it
 double fma_ceiling(int64_t iters) { return fma_loop(iters); }
@@ -491,6 +510,7 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "Tensor? slopes, float scale, float softcap, int pos_off, int k0, int S_out) -> Tensor",
         &weights);
   m.def("simd_width() -> int", &simd_width);
+  m.def("math_probe(Tensor x, int fn) -> Tensor", &math_probe);
   m.def("all_finite(Tensor x) -> bool", &all_finite);
   m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);
   m.def("fma_ceiling(int iters) -> float", &fma_ceiling);

@@ -1,6 +1,14 @@
 // One SIMD vocabulary for the three builds of the interval kernel. The build's flags pick one:
 // ATTNLAB_AVX512 (-mavx512f -mavx512dq ...), ATTNLAB_AVX2 (-mavx2 -mfma), or neither (scalar).
-// Everything else (kernel.h) is written once against these names.
+// Everything else (tiles.h, fwd.cpp, bwd.cpp, weights.cpp, ops.cpp) is written once against
+// these names. So the three sections below are twins by design: the same functions, line for
+// line, in three instruction sets (a duplicate-code check lists them; they stay).
+//
+// Accuracy, measured against float64 (tests/ops/test_kernel_math.py, through the math_probe op;
+// 4 December 2026): vexp on [EXP_FLOOR, 0] (what the softmax feeds it: a dense grid and a 1-in-64
+// sample of every float there) at most 1.013 ulp on the AVX-512 and AVX2 builds and 0.502 ulp on
+// the scalar one (the C library's exp); vtanh at most 3.83 ulp (AVX-512, AVX2) and 3.58 (scalar),
+// over every float of [0.125, 0.25), its worst binade, and a grid of [-20, 20].
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -13,7 +21,9 @@
 namespace attnlab_k {
 
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-// exp(x) below this is flushed to exact 0: no denormals ever enter the FMA pipes
+// exp(x) below this is flushed to exact 0 (also -inf and NaN): no denormals ever enter the FMA
+// pipes. exp(-87.3) = 1.19e-38 is still a normal float (FLT_MIN = 1.18e-38); a weight that small
+// next to the row's maximum (weight 1) is below float32's resolution anyway
 constexpr float EXP_FLOOR = -87.3f;
 
 #if defined(ATTNLAB_AVX512) || defined(ATTNLAB_AVX2)
@@ -98,6 +108,11 @@ static inline void transpose_rows16(const float* x, int64_t n, float* o, bool st
       stream ? _mm512_stream_ps(o + (d0 + i) * 16, r[i]) : vstore(o + (d0 + i) * 16, r[i]);
   }
 }
+// exp(x) = 2^n · e^r, n = round(x · log2 e), r = x - n·ln 2 in two steps (Cody and Waite: ln 2
+// = 0.693359375 - 2.12194440e-4, the first exact in 9 bits so n·C1 has no rounding error), e^r on
+// |r| <= ln2/2 by the degree-7 polynomial 1 + r + r²·P(r) of Cephes' expf (S. L. Moshier, Cephes
+// Math Library 2.2, 1992: peak relative error 1.7e-7 on [-MAXLOG, MAXLOG]; the same coefficients
+// as Pommier's sse_mathfun). Measured here: at most 1.013 ulp (see the top of this file).
 static inline vf vexp(vf x) {
   // x >= EXP_FLOOR (NaN and -inf fail): exp(x) = 2^n · e^r, the power applied by scalef
   __mmask16 keep = _mm512_cmp_ps_mask(x, vset(EXP_FLOOR), _CMP_GE_OQ);
@@ -190,6 +205,8 @@ static inline void transpose_rows16(const float* x, int64_t n, float* o, bool st
   for (int64_t d = whole; d < n; ++d)
     for (int t = 0; t < 16; ++t) o[d * 16 + t] = x[t * n + d];
 }
+// as the AVX-512 vexp (Cephes' expf), with 2^n built in the exponent bits: x is clamped first so
+// that n + 127 stays a valid exponent
 static inline vf vexp(vf x) {
   vf keep = _mm256_cmp_ps(x, vset(EXP_FLOOR), _CMP_GE_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, vset(EXP_FLOOR)), vset(88.3f));
@@ -257,8 +274,10 @@ static inline bool finite_span(const float* p, int64_t n) {
   return tail == 0.0f;
 }
 
-// tanh from the exp above: (1 - e)/(1 + e) with e = exp(-2|x|); its Taylor series near 0, where
-// 1 - e would cancel
+// tanh from the exp above: (1 - e)/(1 + e) with e = exp(-2|x|); below |x| = 0.125 its Taylor
+// series x - x³/3 + 2x⁵/15 - 17x⁷/315 + 62x⁹/2835 (truncation error < 1e-10 relative there),
+// where 1 - e would cancel. The largest error, 3.83 ulp, is just above 0.125: there 1 - e still
+// loses about two bits of vexp's result
 static inline vf vtanh(vf x) {
   vf a = vabs(x);
   vf e = vexp(vmul(a, vset(-2.0f)));
