@@ -144,13 +144,14 @@ def spy_backends(monkeypatch) -> list[str]:
 
 
 def backend_names(*, without: tuple[str, ...] = ("flex",)) -> list[str]:
-    """The backend names from the one list (`attnlab.BACKENDS`), less `without` (default "flex":
-    torch compiles it, so its own tests run it); "interval" only where the kernel runs here (a
-    compiler or a prebuilt library, and not ATTNLAB_KERNEL=0)."""
-    import attnlab
+    """The backend names from the one list (the catalogue's backends the registry has,
+    `tests/catalog.py`), less `without` (default "flex": torch compiles it, so its own tests run
+    it); "interval" only where the kernel runs here (a compiler or a prebuilt library, and not
+    ATTNLAB_KERNEL=0)."""
     from attnlab.ops import kernels
+    from catalog import backends
 
-    names = [b for b in attnlab.BACKENDS if b not in without]
+    names = [b.name for b in backends() if b.name not in without]
     if "interval" in names and not kernels.available():
         names.remove("interval")
     return names
