@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.ops import flex, fused_cpu, numpy_ref, plain, sdpa, tiled
-from attnlab.ops.kernels import decode, runner
+from attnlab.ops.kernels import applies, decode, runner
 from attnlab.ops.problem import Problem
 
 Forward = Callable[[Problem, bool], tuple]  # (p, need_lse) -> (out, lse | None)
@@ -87,41 +87,8 @@ def interval_checked(p: Problem, need_lse: bool):
 
 
 def interval_why_not(p: Problem, need_lse: bool) -> str | None:
-    """Why the interval kernel cannot run this call (None: it can); answered once per Problem
-    (the dispatcher asks more than once, and availability may build the kernel)."""
-    key = ("backends.interval.why_not", None)
-    if key not in p.memo:
-        p.memo[key] = _interval_why_not(p)
-    return p.memo[key]
-
-
-def _interval_why_not(p: Problem) -> str | None:
-    from attnlab.ops import kernels
-    from attnlab.ops.kernels import build, gate
-
-    one = "needs each query row's keys as one interval"
-    if p.score_mod is not None:
-        return 'score_mod: backend "interval" (compiled C++) cannot call a Python function'
-    if p.query.device.type != "cpu":
-        return f'backend: "interval" runs on the CPU; the inputs are on {p.query.device}'
-    if p.query.dtype not in gate.DTYPES:
-        names = ", ".join(_dtype(t) for t in gate.DTYPES)
-        return f'dtype: backend "interval" takes {names}; got {_dtype(p.query.dtype)}'
-    if p.dropout_p:
-        return f'dropout_p: backend "interval" has no dropout; got {p.dropout_p}'
-    if p.attn_mask is not None:
-        return f'attn_mask: backend "interval" {one}; pass a structured mask= instead'
-    if not build.enabled():
-        return 'backend: "interval" is turned off (ATTNLAB_KERNEL=0)'
-    if runner.intervals_of(p) is None:
-        return f'mask: backend "interval" {one}; {p.structured!r} does not give them'
-    if not kernels.available():
-        return f'backend: "interval" is not available: {kernels.status().reason}'
-    return None
-
-
-def _dtype(t: torch.dtype) -> str:
-    return str(t).removeprefix("torch.")
+    """Why the interval kernel cannot run this call (None: it can): `kernels/applies.py`."""
+    return applies.why_not(p, "interval")
 
 
 # --- the registry: name -> Backend, in the order the docs list them --------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.ops.kernels import build, gate, runner
+from attnlab.ops.kernels import applies, gate, runner
 from attnlab.ops.problem import Problem
 
 #: query rows of a decode-shaped call at most (csrc/decode.cpp packs a head group's rows)
@@ -34,36 +34,9 @@ MIN_KEYS = 256
 
 
 def why_not(p: Problem, need_lse: bool = False) -> str | None:
-    """Why the decode kernel cannot run this call (None: it can), answered once per Problem."""
-    key = ("kernels.decode.why_not", None)
-    if key not in p.memo:
-        p.memo[key] = _why_not(p)
-    return p.memo[key]
-
-
-def _why_not(p: Problem) -> str | None:
-    from attnlab.ops import kernels
-
-    one = "needs each query row's keys as one interval"
-    if p.score_mod is not None:
-        return 'score_mod: backend "decode" (compiled C++) cannot call a Python function'
-    if p.query.device.type != "cpu":
-        return f'backend: "decode" runs on the CPU; the inputs are on {p.query.device}'
-    if p.query.dtype not in gate.DTYPES:
-        names = ", ".join(str(t).removeprefix("torch.") for t in gate.DTYPES)
-        return (f'dtype: backend "decode" takes {names}; got '
-                f'{str(p.query.dtype).removeprefix("torch.")}')
-    if p.dropout_p:
-        return f'dropout_p: backend "decode" has no dropout; got {p.dropout_p}'
-    if p.attn_mask is not None:
-        return f'attn_mask: backend "decode" {one}; pass a structured mask= instead'
-    if not build.enabled():
-        return 'backend: "decode" is turned off (ATTNLAB_KERNEL=0)'
-    if runner.intervals_of(p) is None:
-        return f'mask: backend "decode" {one}; {p.structured!r} does not give them'
-    if not kernels.available():
-        return f'backend: "decode" is not available: {kernels.status().reason}'
-    return None
+    """Why the decode kernel cannot run this call (None: it can): the interval kernel's calls
+    (`applies.py`)."""
+    return applies.why_not(p, "decode")
 
 
 def takes(p: Problem) -> bool:
