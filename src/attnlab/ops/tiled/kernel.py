@@ -541,23 +541,32 @@ def _fused_bwd_rows(st: Setup, q5, k, v, out5, lse5, do5, q0, q1, chunks, dk, dv
 class TiledAttention(torch.autograd.Function):
     """(q, k, v, st, *captured) -> (out, lse); `captured` are st.captured, the score_mod's
     tensors that need a gradient, given as inputs so autograd asks for their gradients (the
-    score_mod reads them itself)."""
+    score_mod reads them itself).
+
+    The tensors the backward reads (q, k, v, out, lse, SDPA's attn_mask and the ALiBi slopes)
+    are saved with `save_for_backward`, so saved-tensor hooks see them; ctx.st keeps the plan,
+    the masks and the chunk masks derived from them (recomputable from the mask objects)."""
 
     @staticmethod
     def forward(ctx, q, k, v, st: Setup, *captured):
         out, lse = _fwd(st, q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.st = st
+        shell = st.shell
+        ctx.save_for_backward(q, k, v, out, lse, st.bias, st.slopes, shell.attn_mask,
+                              shell.alibi_slopes)
+        ctx.st = dataclasses.replace(st, bias=None, slopes=None, shell=dataclasses.replace(
+            shell, attn_mask=None, alibi_slopes=None))
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, bias, slopes, attn_mask, alibi = ctx.saved_tensors
+        st = dataclasses.replace(ctx.st, bias=bias, slopes=slopes, shell=dataclasses.replace(
+            ctx.st.shell, attn_mask=attn_mask, alibi_slopes=alibi))
         if second_order.wanted():  # create_graph=True: gradients that are differentiable again
-            return _second_order(ctx.st, q, k, v, dout, dlse)
+            return _second_order(st, q, k, v, dout, dlse)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        st = dataclasses.replace(ctx.st, captured_grads=[None] * len(ctx.st.captured))
+        st.captured_grads = [None] * len(st.captured)
         dq, dk, dv = _bwd(st, q, k, v, out, lse, dout, _nonzero(dlse))
         return dq, dk, dv, None, *st.captured_grads
 
