@@ -104,16 +104,8 @@ def test_ring_blocks_equal_one_process(combo):
 # -- every strategy, spawned -------------------------------------------------------------------
 
 SPAWNED = catalog_cases.cases()
-#: masks reading b or h that context_parallel_attention does not yet bind to the call's B and H
-#: (`Mask.for_call`): issue 35 item 1 under CP, trust is adding it to distributed/api.py
-ITEM_1_CP = {"function_bh", "function_and_padding", "flex_block_mask_bh"}
-
-
 def _spawned_params(slow: bool):
-    return [pytest.param(c, id=c["id"], marks=[pytest.mark.xfail(
-        strict=True, reason="issue 35 item 1 under CP: the mask is not bound to the call's "
-        "B and H (Mask.for_call) in distributed/api.py")] if c["case"] in ITEM_1_CP else [])
-        for c in SPAWNED if c["slow"] == slow]
+    return [pytest.param(c, id=c["id"]) for c in SPAWNED if c["slow"] == slow]
 
 
 @pytest.fixture(scope="module")

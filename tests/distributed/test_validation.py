@@ -24,7 +24,7 @@ def _same_everywhere(errors, key) -> str:
     ("layout_mismatch", ["layout: differs across ranks", "rank 0 has \"contiguous\""]),
     ("scale_mismatch", ["scale: differs across ranks", "rank 1 has 0.5"]),
     ("mask_mismatch", ["mask: differs across ranks", "rank 3 has"]),
-    ("function_mismatch", ["mask: differs across ranks", "rank 3 has", "16 rows at 16x16"]),
+    ("function_mismatch", ["mask: differs across ranks", "rank 3 has", "at 16x16"]),
     ("function_raises", ["rank 2: mask: evaluating it raised ValueError: rank 2's function"]),
     ("one_bad_rank", ["rank 1: key:", "(1, 4, 4, 4)"]),
     ("wrong_rows", ["query:", "[5, 4, 4, 4]", "zigzag", "L = 17", "shard"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -81,6 +82,13 @@ def context_parallel_attention(query, key, value, *, group=None, layout: str = "
     """
     rank, world = comm.rank_world(group)
     call_no = comm.next_call()
+    if isinstance(mask, Mask) and isinstance(query, torch.Tensor) and query.dim() == 4:
+        # a mask function reading b or h is evaluated at the call's batch and heads, as in one
+        # process (B and H are whole on every rank: only the sequence is sharded)
+        # (whatever fails here, a size mismatch or the user's function on one rank, fails again
+        # in the argument check below, where every rank reports it alike: no rank leaves early)
+        with contextlib.suppress(Exception):
+            mask = mask.for_call(query.shape[0], query.shape[1])
     desc = _describe(query, key, value, layout, strategy, mask, is_causal, scale, enable_gqa,
                      softcap, dropout_p, dropout_seed, seq_len)
     desc["ulysses_size"] = ulysses_size
