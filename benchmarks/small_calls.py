@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/small_calls.py                 # L = 16, 64, 128, 256; 1, 2 threads
     .venv/bin/python benchmarks/small_calls.py --L 32 1024 --threads 1 --repeats 100
+    .venv/bin/python benchmarks/small_calls.py --L 1 16 64 --masks causal none --clock cpu
 
 At small L the arithmetic takes microseconds and what a call costs besides it decides: attnlab's
 checks, its choice of backend, the autograd Function, the NaN/Inf checks, the kernel's glue. The
@@ -9,7 +10,10 @@ table gives the time of one causal call (B = 1, H = 8, D = 64) through `attnlab.
 (is_causal=True, backend "auto") and through `torch.nn.functional.scaled_dot_product_attention`
 (is_causal=True), forward and forward + backward: the median over repeats of bursts of BURST
 calls in a row, the four timed in turn in each repeat; and their ratio (× = SDPA time / attnlab
-time: above 1, attnlab is faster).
+time: above 1, attnlab is faster) and difference (+µs = attnlab - SDPA). `--masks none` adds
+calls without a mask. `--clock cpu` times the calling thread's CPU time instead of the wall
+clock: on a machine shared with other jobs the wall clock of a few-µs call is mostly other
+processes' time slices (meaningful for one thread: a helper thread's time is not the caller's).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import attnlab
 BURST = 10  # calls of one step in a row: the same layer called again, caches warm
 
 
-def interleaved(steps: dict, repeats: int) -> dict:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def interleaved(steps: dict, repeats: int, clock=time.perf_counter) -> dict:
     """Median seconds per call of each step: in each repeat every step runs BURST calls in a
     row, timed together, the steps in turn (a busy machine's load falls on all alike); a few
     untimed warm-up calls each first."""
@@ -37,45 +44,48 @@ def interleaved(steps: dict, repeats: int) -> dict:
     times = {name: [] for name in steps}
     for _ in range(repeats):
         for name, fn in steps.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(BURST):
                 fn()
-            times[name].append((time.perf_counter() - t0) / BURST)
+            times[name].append((clock() - t0) / BURST)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def steps(L: int, H: int, D: int) -> dict:
+def steps(L: int, H: int, D: int, causal: bool = True) -> dict:
     q, k, v = (torch.randn(1, H, L, D) for _ in range(3))
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
 
     def fb(fn):
         def run():
-            fn(qg, kg, vg, is_causal=True).sum().backward()
+            fn(qg, kg, vg, is_causal=causal).sum().backward()
             for x in (qg, kg, vg):
                 x.grad = None
         return run
 
     return {
-        "attnlab fwd": lambda: attnlab.attention(q, k, v, is_causal=True),
-        "sdpa fwd": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "attnlab fwd": lambda: attnlab.attention(q, k, v, is_causal=causal),
+        "sdpa fwd": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
         "attnlab fwd+bwd": fb(attnlab.attention),
         "sdpa fwd+bwd": fb(F.scaled_dot_product_attention),
     }
 
 
-def table(lengths, threads, H: int, D: int, repeats: int) -> list[str]:
-    rows = ["| threads | L | fwd attnlab µs | fwd SDPA µs | × | fwd+bwd attnlab µs | "
-            "fwd+bwd SDPA µs | × |", "|---|---|---|---|---|---|---|---|"]
+def table(lengths, threads, H: int, D: int, repeats: int, masks=("causal",),
+          clock=time.perf_counter) -> list[str]:
+    rows = ["| threads | mask | L | fwd attnlab µs | fwd SDPA µs | × | +µs | fwd+bwd attnlab µs "
+            "| fwd+bwd SDPA µs | × | +µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     n = torch.get_num_threads()
     try:
         for t in threads:
             torch.set_num_threads(t)
-            for L in lengths:
-                m = interleaved(steps(L, H, D), repeats)
-                a, s = m["attnlab fwd"] * 1e6, m["sdpa fwd"] * 1e6
-                ab, sb = m["attnlab fwd+bwd"] * 1e6, m["sdpa fwd+bwd"] * 1e6
-                rows.append(f"| {t} | {L} | {a:.0f} | {s:.0f} | {s / a:.2f} | {ab:.0f} | "
-                            f"{sb:.0f} | {sb / ab:.2f} |")
+            for mask in masks:
+                for L in lengths:
+                    m = interleaved(steps(L, H, D, mask == "causal"), repeats, clock)
+                    a, s = m["attnlab fwd"] * 1e6, m["sdpa fwd"] * 1e6
+                    ab, sb = m["attnlab fwd+bwd"] * 1e6, m["sdpa fwd+bwd"] * 1e6
+                    rows.append(f"| {t} | {mask} | {L} | {a:.1f} | {s:.1f} | {s / a:.2f} | "
+                                f"{a - s:+.1f} | {ab:.0f} | {sb:.0f} | {sb / ab:.2f} | "
+                                f"{ab - sb:+.0f} |")
     finally:
         torch.set_num_threads(n)
     return rows
@@ -88,12 +98,14 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--masks", nargs="+", choices=("causal", "none"), default=["causal"])
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     a = ap.parse_args(argv)
     if min(a.L + a.threads + [a.heads, a.dim, a.repeats]) < 1:
         ap.error("--L, --threads, --heads, --dim and --repeats take positive numbers")
-    print(f"# small causal calls: fp32, B = 1, H = {a.heads}, D = {a.dim}; median of "
-          f"{a.repeats} bursts of {BURST} calls, wall clock; torch {torch.__version__}")
-    print("\n".join(table(a.L, a.threads, a.heads, a.dim, a.repeats)))
+    print(f"# small calls: fp32, B = 1, H = {a.heads}, D = {a.dim}, S = L; median of "
+          f"{a.repeats} bursts of {BURST} calls, {a.clock} clock; torch {torch.__version__}")
+    print("\n".join(table(a.L, a.threads, a.heads, a.dim, a.repeats, a.masks, CLOCKS[a.clock])))
     return 0
 
 

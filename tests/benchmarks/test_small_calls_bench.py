@@ -18,8 +18,15 @@ def test_a_tiny_run_prints_one_row_per_threads_and_length(sc, capsys):
     assert sc.main(["--L", "8", "24", "--threads", "1", "--repeats", "2"]) == 0
     assert torch.get_num_threads() == n  # put back
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |")]
-    assert [r.split("|")[2].strip() for r in rows] == ["8", "24"]
-    assert all(r.count("|") == 9 and "nan" not in r for r in rows)
+    assert [r.split("|")[3].strip() for r in rows] == ["8", "24"]
+    assert all(r.count("|") == 12 and "nan" not in r for r in rows)
+
+
+def test_masks_and_clocks(sc, capsys):
+    assert sc.main(["--L", "4", "--threads", "1", "--repeats", "2", "--masks", "causal", "none",
+                    "--clock", "cpu"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["causal", "none"]
 
 
 def test_bad_numbers_are_refused(sc):

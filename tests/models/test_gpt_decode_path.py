@@ -1,0 +1,28 @@
+"""The GPT's generation runs its decoding steps on the decode kernel (a KV cache of 256 keys or
+more, one new token a step), with the tokens the cache-free forward gives."""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.models import GPT, GPTConfig, generate
+from attnlab.ops.kernels import decode
+
+from helpers import spy_backends
+
+
+def test_generate_decodes_on_the_decode_kernel(monkeypatch):
+    torch.manual_seed(3)
+    cfg = GPTConfig(vocab_size=11, block_size=320, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                    name="test")
+    model = GPT(cfg).eval()
+    prompt = torch.randint(0, 11, (decode.MIN_KEYS + 8,)).tolist()
+    used = spy_backends(monkeypatch)
+    out = generate(model, prompt, 4, temperature=1e-6, seed=0)  # all but greedy
+    assert used.count("decode") >= 2 * 3  # every layer of each step after the prompt
+    with torch.no_grad():  # the same tokens without a cache: each step one full forward
+        ids = list(prompt)
+        for _ in range(4):
+            logits, _ = model(torch.tensor([ids]))
+            ids.append(int(logits[0, -1].argmax()))
+    assert out == ids
