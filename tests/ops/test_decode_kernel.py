@@ -204,6 +204,11 @@ def test_auto_takes_decode_shaped_calls_and_says_so():
         c = attnlab.select_backend(q, k, v, enable_gqa=True, **kw)
         assert c.backend == "decode", (kw, c)
         assert "decode kernel" in c.reason and "4 query heads" in c.reason
+    mha = attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
+    assert mha.backend == "sdpa"  # no grouped heads and nothing SDPA cannot say: its kernel
+    ragged = masks.padding(key_lengths=[4096])
+    assert attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
+                                  mask=ragged).backend == "decode"
     long_q = torch.randn(1, 8, 17, 64)
     assert attnlab.select_backend(long_q, k, v, enable_gqa=True).backend != "decode"
     short_k, short_v = k[:, :, :255], v[:, :, :255]

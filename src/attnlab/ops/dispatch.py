@@ -65,7 +65,7 @@ def choose(p: Problem, need_lse: bool) -> Choice:
         return _choose_device(p, need_lse)
     if mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
-    if decode.takes(p):
+    if decode.takes(p, need_lse):
         return Choice("decode", f"decode-shaped ({d.L} query rows, {d.S} keys): the compiled "
                                 f"decode kernel ({_isa()}) reads each key/value row once for the "
                                 f"{d.groups} query heads that share it, split over the keys")

@@ -39,11 +39,19 @@ def why_not(p: Problem, need_lse: bool = False) -> str | None:
     return applies.why_not(p, "decode")
 
 
-def takes(p: Problem) -> bool:
-    """"auto" runs this call on the decode kernel: a few query rows, a long enough cache, and
-    the kernel can run it. (Forced, it runs any number of rows, exactly but not fast: each item
-    holds all the rows of a head.)"""
-    return p.dims.L <= MAX_ROWS and p.dims.S >= MIN_KEYS and why_not(p) is None
+def takes(p: Problem, need_lse: bool = False) -> bool:
+    """"auto" runs this call on the decode kernel: a few query rows, a long enough cache, the
+    kernel can run it, and SDPA cannot do as well: grouped query heads (SDPA reads each key/value
+    head once per query head), or what SDPA does not express (a structured mask other than
+    top-left causal, softcap/ALiBi, the lse). One query head per key/value head without any of
+    these is SDPA's (`benchmarks/decode.py`: its kernel read the cache 1.2-1.4x faster there).
+    (Forced, the decode kernel runs any number of rows, exactly but not fast.)"""
+    if p.dims.L > MAX_ROWS or p.dims.S < MIN_KEYS:
+        return False
+    sdpa_says_it = p.structured is None or p.is_plain_causal
+    if p.dims.groups == 1 and sdpa_says_it and not p.has_modifiers and not need_lse:
+        return False
+    return why_not(p) is None
 
 
 def _cache(x: torch.Tensor, d) -> torch.Tensor:
