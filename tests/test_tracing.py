@@ -59,3 +59,17 @@ def test_to_dict_is_json():
     d = json.loads(json.dumps(t.to_dict()))
     assert d["masked_scores"][0][1] is None and d["tokens"] == ["cat", "mat", "because"]
     assert d["mask"] == [[True, False, True]]
+
+
+def test_a_mask_function_reading_b_and_h_is_traced_at_every_b_and_h():
+    """Issue 35 item 1 in the trace: the mask is the call's, never b = h = 0 only."""
+
+    def checker(b, h, q, k):
+        return ((q + k + b + h) % 2 == 0) | (q == k)
+
+    q = torch.randn(2, 3, 5, 4)
+    t = attnlab.trace(q, q, q, mask=masks.from_function(checker))
+    i, j = np.arange(5)[:, None], np.arange(5)[None, :]
+    for b in range(2):
+        for h in range(3):
+            assert (t.mask[b, h] == (((i + j + b + h) % 2 == 0) | (i == j))).all()

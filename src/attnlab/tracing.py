@@ -107,7 +107,8 @@ def trace(query, key, value, mask=None, scale=None, tokens=None, query_tokens=No
         raise AttnlabError(f"value: expected leading dims {fmt_shape(k.shape[:-1])} like key, "
                            f"got {fmt_shape(v.shape)}")
     L, S = q.shape[-2], k.shape[-2]
-    dense = _dense_mask(mask, L, S)
+    dense = _dense_mask(mask, L, S, q.shape[-4] if q.ndim >= 4 else 1,
+                        q.shape[-3] if q.ndim >= 3 else 1)
     if tokens is not None and len(tokens) != S:
         raise AttnlabError(f"tokens: expected {S} labels (one per key), got {len(tokens)}")
     scale = None if scale is None else check_scale(scale, q.shape[-1])
@@ -122,10 +123,11 @@ def trace(query, key, value, mask=None, scale=None, tokens=None, query_tokens=No
                  **s)
 
 
-def _dense_mask(mask, L: int, S: int) -> np.ndarray | None:
+def _dense_mask(mask, L: int, S: int, B: int = 1, H: int = 1) -> np.ndarray | None:
     if mask is None:
         return None
     if isinstance(mask, Mask):
+        mask = mask.for_call(B, H)  # a mask function reading b or h: at every b and h
         mask.check(L, S)
         d = mask.to_dense(L, S).numpy()  # (Bm, Hm, L, S)
         return d[0, 0] if d.shape[:2] == (1, 1) else d
