@@ -93,3 +93,17 @@ def test_recording_with_sinks_refused(model):
     ids, mask = _inputs()
     with recording.record(), pytest.raises(AttnlabError, match="s_aux"), torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
+
+
+def test_gpt_oss_generates_eager_tokens(model):
+    """Cached decoding steps (one query row over the cache, the sinks in every step): the same
+    greedy tokens as eager."""
+    hf.register()
+    ids, mask = _inputs()
+    got = {}
+    for impl in ("eager", hf.NAME):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            got[impl] = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5,
+                                       do_sample=False, pad_token_id=0)
+    assert torch.equal(got[hf.NAME], got["eager"]), (got[hf.NAME], got["eager"])
