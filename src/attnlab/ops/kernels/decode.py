@@ -135,6 +135,9 @@ class DecodeAttention(torch.autograd.Function):
         from attnlab.ops.kernels import kernel
 
         q, k, v, out, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a second order, by recomputation
+            return (*kernel.second_order_grads(ctx.c, q, k, v, dout, dlse, "the decode kernel"),
+                    None, None)
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = kernel._bwd(ctx.c, q, k, v, out, lse, dout, dlse)

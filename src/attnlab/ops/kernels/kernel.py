@@ -137,14 +137,19 @@ class IntervalAttention(torch.autograd.Function):
         q, k, v, out, lse, qf, kt, vp, lo, hi, slopes = ctx.saved_tensors
         c = dataclasses.replace(ctx.c, lo=lo, hi=hi, slopes=slopes)
         if second_order.wanted():  # create_graph=True: gradients that are differentiable again
-            second_order.check("the interval kernel", (c.B, c.H, c.L, c.S), 4)
-            dq, dk, dv = second_order.grads(functools.partial(_math, c), (q, k, v), dout, dlse)
-            return dq, dk, dv, None, None, None
+            return (*second_order_grads(c, q, k, v, dout, dlse), None, None, None)
         if dout is None:
             dout = torch.zeros_like(out)
         prepared = None if qf is None else (qf, kt, vp)
         dq, dk, dv = _bwd(c, q, k, v, out, lse, dout, dlse, prepared, ctx.isa)
         return dq, dk, dv, None, None, None
+
+
+def second_order_grads(c: Call, q, k, v, dout, dlse, what: str = "the interval kernel"):
+    """(dq, dk, dv) of a Call with a graph (`create_graph=True`): the call recomputed with
+    differentiable PyTorch ops (`_math`), differentiated by autograd (`ops/second_order.py`)."""
+    second_order.check(what, (c.B, c.H, c.L, c.S), 4)
+    return second_order.grads(functools.partial(_math, c), (q, k, v), dout, dlse)
 
 
 def _math(c: Call, q, k, v):
