@@ -76,6 +76,21 @@ def test_max_scores_are_the_largest_modified_masked_score_of_each_row():
     close(aux.max_scores[live], want[live], atol=1e-5, what="max_scores")
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_max_scores_with_a_fused_score_mod(fused):
+    q, k, v = qkv(L=50, S=60)
+    slopes = torch.tensor([0.5, 0.25])
+
+    def alibi(s, b, h, qi, ki):
+        return s + (ki - qi) * slopes[h]
+
+    mod = alibi if fused else api.Adapted(alibi, score=True)  # an Adapted is never fused
+    _, aux = flex_attention(q, k, v, score_mod=mod, return_aux=AuxRequest(max_scores=True))
+    s = (q.double() @ k.double().transpose(-1, -2)) * 8 ** -0.5
+    s = s + (torch.arange(60)[None, :] - torch.arange(50)[:, None]) * slopes.double()[:, None, None]
+    close(aux.max_scores, s.amax(-1), atol=1e-5, what="max_scores")
+
+
 def test_the_blocks_decide_as_in_compiled_flex():
     """A BlockMask listing some blocks with a mask_mod that allows everything: only the listed
     blocks attend (compiled Flex's meaning), FULL ones without mask_mod, PARTIAL with it."""

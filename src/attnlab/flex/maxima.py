@@ -19,10 +19,10 @@ from attnlab.ops.weights import rows_of
 
 
 @torch.no_grad()
-def max_scores(query, key, value, lse, *, scale, enable_gqa, mask, score_mod) -> torch.Tensor:
-    """(B, H, L) in lse's dtype: each row's largest score after score_mod and mask."""
-    p = make_problem(query, key, value, None, 0.0, False, scale, enable_gqa, mask=mask,
-                     score_mod=score_mod)
+def max_scores(query, key, value, lse, *, scale, enable_gqa, mask, **mods) -> torch.Tensor:
+    """(B, H, L) in lse's dtype: each row's largest score after the modifiers and the mask;
+    mods: the call's score_mod, or the softcap / alibi_slopes a score_mod was fused into."""
+    p = make_problem(query, key, value, None, 0.0, False, scale, enable_gqa, mask=mask, **mods)
     L = p.dims.L
     out = torch.empty_like(lse)
     for r in range(0, L, WEIGHT_ROWS):
