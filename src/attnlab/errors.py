@@ -131,7 +131,7 @@ def check_slopes(name: str, slopes, H: int, *, B: int | None = None, device=None
     `device` when given, every slope finite. Returns it unchanged."""
     import torch
 
-    shapes = f"(H,) = ({H},)" + ("" if B is None else f" or (B|1, H) = ({B}|1, {H})")
+    shapes = f"(H,) = ({H},)" + ("" if B is None else f" or (B, H) = ({B}, {H}) (or B = 1)")
     if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
         got = f"{type(slopes).__name__} {getattr(slopes, 'dtype', '')}".rstrip()
         raise AttnlabError(f"{name}: expected a float tensor of shape {shapes}, got {got}")
