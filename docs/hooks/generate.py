@@ -7,15 +7,22 @@
   `<!-- run-md: attnlab ARGS -->` inserts the output as Markdown (for commands printing tables).
   A run directory named in `CACHED_RUNS` ("runs/induction") is a preset trained once into the
   cache (`attnlab.models.cached_run`): the first build trains it, later builds read it.
+- `pages/lesson.html` and `pages/view.html` are the real explorable page and a real view page
+  (`attnlab lesson --html`, `attnlab view TEXT --token it`), written into the site; the pictures
+  of them in docs/img (the README's too) are taken from those pages by headless Chromium on every
+  build (`pictures.py`), so they show the pages as they are now.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import re
 import shlex
+import tempfile
+from pathlib import Path
 
 RUN = re.compile(r"^<!-- run(-md)?: attnlab (.*?) -->$", re.M)
 _outputs: dict[str, str] = {}
@@ -80,3 +87,32 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if "<!-- cli-reference -->" in markdown:
         markdown = markdown.replace("<!-- cli-reference -->", cli_reference())
     return RUN.sub(lambda m: run_command(m.group(2), markdown=bool(m.group(1))), markdown)
+
+
+_PAGES: dict[str, Path] = {}
+
+
+def _pictures():
+    spec = importlib.util.spec_from_file_location("docs_pictures",
+                                                  Path(__file__).with_name("pictures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def on_pre_build(config) -> None:
+    """The real pages, into a temporary folder, and the pictures of them, into docs/img."""
+    pictures = _pictures()
+    where = Path(tempfile.mkdtemp(prefix="attnlab-docs-pages-"))
+    _PAGES.update(pictures.write_pages(where / "pages"))
+    pictures.take_pictures(_PAGES, Path(config["docs_dir"]) / "img")
+
+
+def on_files(files, config):
+    """The real pages join the site as pages/lesson.html and pages/view.html."""
+    from mkdocs.structure.files import File
+
+    for name, path in _PAGES.items():
+        files.append(File(f"pages/{name}.html", src_dir=str(path.parent.parent),
+                          dest_dir=config["site_dir"], use_directory_urls=False))
+    return files

@@ -31,7 +31,7 @@ class HeadOutputs:
     @classmethod
     def average(cls, runs: list[HeadOutputs]) -> HeadOutputs:
         """Each head's mean z over every batch row and token position of every run:
-        mean_z[l, h] = Σ_runs Σ_b Σ_i z[l][b, h, i] / (number of rows · positions), (1, H, 1, Dv).
+        `mean_z[l, h] = Σ_runs Σ_b Σ_i z[l][b, h, i] / (number of rows · positions)`, (1, H, 1, Dv).
         Runs of different lengths count each token once."""
         if not runs or not all(isinstance(r, HeadOutputs) for r in runs):
             raise AttnlabError(f"runs: expected a non-empty list of HeadOutputs, got {runs!r}")
