@@ -43,6 +43,14 @@ def test_app_loads_and_draws_the_default_sentence(app_page, app):
     default = app_page.input_value("#text")
     assert app_page.inner_text("#title") == default
     assert app_page.locator("#drawing .tok.q").count() == len(fake_tokenize(default))
+    # it opens as `attnlab view` does: the head explain ranks first for "it", "it" pinned
+    from attnlab.explain.page_payload import opening
+
+    tokens = fake_tokenize(default)
+    o = opening(fake_capture(tokens, n_layers=2, n_heads=3, seed=len(tokens)))
+    assert o["token"] == tokens.index("it")
+    assert app_page.evaluate("[attnlabState.layer, attnlabState.head, attnlabState.pinned]") == [
+        o["layer"], o["head"], o["token"]]
 
 
 def test_typing_picking_hovering(app_page, app):
