@@ -57,6 +57,8 @@ def test_a_repeated_word_is_named_and_lost_text_warned(capsys):
     assert '"mary" is token 1; "mary" is also token 6 (--token 6 explains that one).' in flat
     assert 'uncased English model: it reads "café" as "cafe"' in flat
     assert '"🙂" became [UNK]' in flat
+    rc, out, _ = run(capsys, "Le café est fermé", "--token", "café", "--plain")  # read "cafe"
+    assert rc == 0 and 'what "cafe" (token 2)' in out
     rc, out, _ = run(capsys, "Mary gave the café to mary 🙂", "--token", "mary", "--json")
     doc = json.loads(out)
     assert doc["also"] == [[6]] and len(doc["warnings"]) == 2

@@ -38,3 +38,17 @@ def test_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "attnlab", "--version"], capture_output=True,
                        text=True, check=True)
     assert r.stdout.strip() == f"attnlab {attnlab.__version__}"
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch):
+    """`attnlab lesson | head -1`: when the reader has gone, the command ends with 0 and no
+    traceback (stdout here: a line-buffered pipe whose reading end is closed)."""
+    import os
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)
+    out = os.fdopen(w, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["lesson", "--section", "compare", "--plain"]) == 0
+    out.close()

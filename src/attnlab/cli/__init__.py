@@ -105,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"attnlab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `attnlab lesson | head`: the reader has read enough
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 def _set_threads(n: int | None) -> None:

@@ -23,6 +23,7 @@ that neighbour whatever the word, so it says little about this word.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -154,6 +155,10 @@ def _norm(piece: str) -> str:
     return piece.removeprefix("##").strip().lower()
 
 
+def _unaccented(text: str) -> str:
+    return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+
+
 def _word_edges(tokens: list[str], normed: list[str]):
     """(starts, ends): may a word start / end at each token? Word pieces ("##red") continue a
     word; in a character-level text, words are the runs between non-letters."""
@@ -187,17 +192,20 @@ def find_word(tokens: list[str], word: str | int) -> list[int]:
         raise AttnlabError(f"token {word!r}: empty; give a word of the text or a token index")
     normed = [_norm(t) for t in tokens]
     starts, ends = _word_edges(tokens, normed)
-    for whole in (True, False):
-        for i in range(len(tokens)):
-            if not normed[i] or (whole and not starts[i]):
-                continue
-            acc = ""
-            for j in range(i, len(tokens)):
-                acc += normed[j]
-                if acc == want and (ends[j] or not whole):
-                    return list(range(i, j + 1))
-                if not want.startswith(acc):
-                    break
+    # as written first; then without accents, as an uncased tokenizer reads "café" ("cafe")
+    for strip in (lambda x: x, _unaccented):
+        w, names = strip(want), [strip(t) for t in normed]
+        for whole in (True, False):
+            for i in range(len(tokens)):
+                if not names[i] or (whole and not starts[i]):
+                    continue
+                acc = ""
+                for j in range(i, len(tokens)):
+                    acc += names[j]
+                    if acc == w and (ends[j] or not whole):
+                        return list(range(i, j + 1))
+                    if not w.startswith(acc):
+                        break
     raise AttnlabError(f"token {word!r}: not in the text; its tokens are {_listing(tokens)} "
                        "(pass a word from this list or its index)")
 
