@@ -51,3 +51,29 @@ def test_heads_together_match_the_oracle(open_page, url):
     _same(page.evaluate("attnlabLesson.get().layer"),
           toy_layer(wq.tolist(), wk.tolist(), wv.tolist(), wo.tolist()))
     assert watch.errors == [] and watch.outside() == []
+
+
+def test_positions_block_matches_the_oracle(open_page, url):
+    from attnlab.explain.lesson_layer import POSITIONS, toy_positions
+
+    page, watch = open_page(url, allowed=[url])
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+
+    def same(got, want):
+        for key in ("q", "k", "dot", "q_moved", "k_moved", "dot_moved", "plain", "by_distance"):
+            np.testing.assert_allclose(got[key], want[key], atol=1e-12, err_msg=key)
+
+    got = page.evaluate("attnlabLesson.get().positions")
+    want = toy_positions(**POSITIONS)
+    same(got, want)
+    # moving both words keeps q·k; it is q against k turned by the distance; not the plain q·k
+    assert abs(want["dot"] - want["dot_moved"]) < 1e-12
+    assert abs(want["dot"] - want["by_distance"]) < 1e-12 and abs(want["dot"] - 7.0) > 0.1
+    got = page.evaluate("p => attnlabLesson.set(p).positions",
+                        {"positions": {"i": 3, "j": 9, "shift": 11, "theta": 0.3}})
+    same(got, toy_positions(3, 9, 11, 0.3))
+    cell = page.get_by_label("position of \u201cit\u201d", exact=True)
+    cell.fill("4")
+    same(page.evaluate("attnlabLesson.get().positions"), toy_positions(4, 9, 11, 0.3))
+    assert "only the distance -5 counts" in page.text_content("#positions-block .positions-moved")
+    assert watch.errors == [] and watch.outside() == []

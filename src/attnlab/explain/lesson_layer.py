@@ -45,3 +45,26 @@ def toy_layer(w_q=None, w_k=None, w_v=None, w_o=None) -> dict:
     y = (r - r.mean()) / np.sqrt(r.var() + EPS)
     return {"x": x[i].tolist(), "heads": heads, "concat": concat.tolist(), "w_o": w_o.tolist(),
             "attn_out": a.tolist(), "residual": r.tolist(), "output": y.tolist()}
+
+
+#: the page's positions block: "it" (query [2, 1]) at position 7 and "cat" (key [3, 1]) at 1,
+#: turned by position × THETA radians (rotary positions in two dimensions), then both moved SHIFT
+POSITIONS = {"i": 7, "j": 1, "shift": 5, "theta": 0.5}
+
+
+def _turn(v, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([[c, -s], [s, c]]) @ np.asarray(v, dtype=np.float64)  # (2, 2) @ (2,)
+
+
+def toy_positions(i: int, j: int, shift: int, theta: float, q=(2.0, 1.0),
+                  k=(3.0, 1.0)) -> dict:
+    """Rotary positions on the lesson's 2-D vectors: q turned by i·θ, k by j·θ, their dot
+    product; the same two moved `shift` further (equal: only i − j counts); and q·k without
+    positions (the same wherever the words are)."""
+    qi, kj = _turn(q, i * theta), _turn(k, j * theta)
+    qs, ks = _turn(q, (i + shift) * theta), _turn(k, (j + shift) * theta)
+    return {"q": qi.tolist(), "k": kj.tolist(), "dot": float(qi @ kj),
+            "q_moved": qs.tolist(), "k_moved": ks.tolist(), "dot_moved": float(qs @ ks),
+            "plain": float(np.dot(q, k)),
+            "by_distance": float(np.asarray(q) @ _turn(k, (j - i) * theta))}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.errors import AttnlabError
-from attnlab.explain.lesson_layer import EPS, W_O, W_V
+from attnlab.explain.lesson_layer import EPS, POSITIONS, W_O, W_V
 from attnlab.explain.lesson_records import Check
 from attnlab.explain.lesson_sections import CAUSAL_TOKENS, build_lesson
 from attnlab.viz.html_doc import asset, document, policy
@@ -140,6 +140,7 @@ def lesson_data() -> dict:
                   "heads": [{"name": h.name, "looks_for": h.looks_for, "w_q": h.w_q,
                              "w_k": h.w_k, "w_v": W_V[h.name]} for h in heads.heads]},
         "layer": {"w_o": W_O, "eps": EPS},
+        "positions": POSITIONS,
         "questions": _questions(s["check"]),
     }
 

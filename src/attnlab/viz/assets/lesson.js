@@ -25,6 +25,7 @@
                                                         w_q: copy(h.w_q), w_k: copy(h.w_k),
                                                         w_v: copy(h.w_v) }; }),
     w_o: copy(DATA.layer.w_o),
+    pos: copy(DATA.positions),
     tried: {}
   };
   var fields = [];   // number/word inputs kept in sync with the state
@@ -127,6 +128,16 @@
     var out = res.map(function (v) { return (v - mean) / Math.sqrt(vr + DATA.layer.eps); });
     return { x: x[it].slice(), heads: heads, concat: concat, w_o: st.w_o, attn_out: a,
              residual: res, output: out };
+  }
+  // positions (attnlab.explain.lesson_layer.toy_positions): rotary in two dimensions
+  function turn(v, a) { return [Math.cos(a) * v[0] - Math.sin(a) * v[1], Math.sin(a) * v[0] + Math.cos(a) * v[1]]; }
+  function positionsRow() {
+    var P = st.pos, q = DATA.query, k = DATA.keys[0], t = P.theta;
+    var qi = turn(q, P.i * t), kj = turn(k, P.j * t);
+    var qs = turn(q, (P.i + P.shift) * t), ks = turn(k, (P.j + P.shift) * t);
+    return { i: P.i, j: P.j, shift: P.shift, theta: t, q: qi, k: kj, dot: dot(qi, kj),
+             q_moved: qs, k_moved: ks, dot_moved: dot(qs, ks), plain: dot(q, k),
+             by_distance: dot(q, turn(k, (P.j - P.i) * t)) };
   }
   function normWeights(n) {
     var s = n.source === "compare" ? mainRow(false).scores : n.scores;
@@ -971,6 +982,39 @@
       lb.appendChild(live.layer[k]);
     });
     add(body, lb);
+    // positions: how a head can know order
+    var pb = h("div", { "class": "layer", id: "positions-block" });
+    add(pb, h("h3", {}, "Positions: how a head knows order"),
+        h("p", { "class": "note" }, "Attention itself ignores order: q\u00b7k is the same " +
+          "wherever the two words stand. A model adds position to its vectors. Rotary " +
+          "positions (attnlab's GPT) turn q by its position \u00d7 \u03b8 and k by its own: " +
+          "moving both by the same number of places turns both by the same angle, which leaves " +
+          "the dot product as it was, so q\u00b7k depends on the distance only, and a head can " +
+          "prefer \u201cthe word one place back\u201d whatever the word. (MiniLM instead adds a " +
+          "learned position vector: attnlab lesson --section layer.)"));
+    var ctl = h("p", { "class": "controls" });
+    [["i", "position of \u201cit\u201d"], ["j", "position of \u201c" + DATA.tokens[0] + "\u201d"],
+     ["shift", "move both by"]].forEach(function (f) {
+      add(ctl, h("span", {}, f[1] + " "), field(f[1], function () { return st.pos[f[0]]; },
+                                                 function (x) { st.pos[f[0]] = x; },
+                                                 parseNumber), h("span", {}, "  "));
+    });
+    add(pb, ctl);
+    live.pos = {};
+    ["turned", "moved", "plain"].forEach(function (k) {
+      live.pos[k] = h("p", { "class": "mono positions-" + k });
+      pb.appendChild(live.pos[k]);
+    });
+    add(body, pb);
+  }
+  function updatePositions() {
+    var P = positionsRow(), c = quote(DATA.tokens[0]);
+    live.pos.turned.textContent = "q for \u201cit\u201d at " + P.i + " = " + vecText(P.q) + ", k for " +
+      c + " at " + P.j + " = " + vecText(P.k) + "; q\u00b7k = " + fmt(P.dot, 4);
+    live.pos.moved.textContent = "both moved " + P.shift + ": q\u00b7k = " + fmt(P.dot_moved, 4) +
+      "  (the same: only the distance " + (P.i - P.j) + " counts)";
+    live.pos.plain.textContent = "without positions: q\u00b7k = " + fmt(P.plain, 4) +
+      " wherever the words stand";
   }
   function updateLayer() {
     var L = layerRow(), q = quote(DATA.heads.query_token);
@@ -1066,6 +1110,7 @@
     updateMask();
     updateHeads();
     updateLayer();
+    updatePositions();
     updateCheck();
     syncFields();
     document.body.setAttribute("data-ready", "1");
@@ -1136,6 +1181,12 @@
       });
     }
     var wO = p.layer && p.layer.w_o ? matrix("layer.w_o", p.layer.w_o, 4, 4) : st.w_o;
+    var pos = copy(st.pos);
+    if (p.positions) {
+      ["i", "j", "shift", "theta"].forEach(function (k) {
+        if (k in p.positions) pos[k] = vector("positions." + k, [p.positions[k]], 1)[0];
+      });
+    }
     if (p.normalize) {
       var N = p.normalize;
       if ("scores" in N) vector("normalize.scores", N.scores);
@@ -1147,7 +1198,7 @@
       throw new Error("attnlabLesson.set: dims.d: expected an integer 2 \u2026 512");
     }
     var structural = "query" in p || "keys" in p || "values" in p || "tokens" in p || p.grid ||
-      p.heads || p.layer || (p.normalize && "scores" in p.normalize);
+      p.heads || p.layer || p.positions || (p.normalize && "scores" in p.normalize);
     st.query = q.slice();
     st.keys = copy(K);
     st.values = copy(V);
@@ -1155,6 +1206,7 @@
     st.grid = copy(grid);
     st.heads = copy(heads);
     st.w_o = copy(wO);
+    st.pos = pos;
     if ("scaled" in p) st.scaled = !!p.scaled;
     if (p.normalize) {
       ["source", "mode", "temperature"].forEach(function (k) { if (k in p.normalize) st.norm[k] = p.normalize[k]; });
@@ -1192,7 +1244,8 @@
                  w_v: st.heads[n].w_v,
                  query: r.query, keys: r.keys, scores: r.scores, weights: r.weights };
       }),
-      layer: layerRow()
+      layer: layerRow(),
+      positions: positionsRow()
     });
   }
 
