@@ -310,6 +310,25 @@ def _piece_grads(c: Call, saved, dq_acc, k_buf, v_buf, kp: Piece, dk_to, dv_to,
 HEAD_SPLIT_ELEMENTS = 1 << 20
 
 
+def lean(c: Call, q: torch.Tensor) -> bool:
+    """A call whose rows are large (B·H·L_local·D above HEAD_SPLIT_ELEMENTS, where blocks run
+    head by head) holds fewer buffers at once instead of overlapping its transfers with compute:
+    the ring's backward lets a step's sends and receives finish before it computes, so the
+    copies it sent and the gradients coming back are never alive beside a block's transients
+    (causal L = 32k, P = 2: the two ranks' blocks are of equal work, so little waits)."""
+    B, H, n, D = q.shape
+    return c.world > 1 and B * H * n * D > HEAD_SPLIT_ELEMENTS
+
+
+def settle(c: Call, q: torch.Tensor) -> None:
+    """Between the steps of a `lean` call: hand the blocks the kernel's pool kept back to the
+    system (the next step's buffers differ in size: whole-shard blocks in the forward, one head's
+    tiles in the backward), so they are not resident beside the fresh ones; the pages fault in
+    again once per step (milliseconds against the seconds a large step computes)."""
+    if lean(c, q):
+        kernels.release_cached()
+
+
 def head_groups(c: Call, q: torch.Tensor, Hkv: int, keys: int,
                 rows: int) -> list[tuple[slice, slice]]:
     """(query heads, key/value heads) slices that a piece's backward (`keys` keys, at most `rows`

@@ -19,9 +19,12 @@ are reused; nothing of size L×S is kept.
 
 from __future__ import annotations
 
+import torch
+
 from attnlab.distributed import attend
 from attnlab.distributed.attend import Call
 from attnlab.distributed.comm import Exchange
+from attnlab.ops import kernels
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 11, 12, 13, 14
 ROWS, GRADS = "key/value rows", "key/value gradients"  # what a peer waits for
@@ -42,14 +45,26 @@ def _fetch(c: Call, t: int, k, v, phase: str):
     rows = g.rows_needed(dst, r).to(k.device)
     if len(rows):  # (B, Hkv, m, D) -> dst: the m keys its queries may attend
         whole = len(rows) == k.shape[2]
-        ex.send(k if whole else k.index_select(2, rows), dst, TAG_K, ROWS)
-        ex.send(v if whole else v.index_select(2, rows), dst, TAG_V, ROWS)
+        ex.send(k if whole else _picked(k, rows), dst, TAG_K, ROWS)
+        ex.send(v if whole else _picked(v, rows), dst, TAG_V, ROWS)
     m = g.count_needed(r, src)
     kb = vb = None
     if m:  # (B, Hkv, m, D) <- src: the m keys of src my queries may attend
-        kb = ex.recv(k.new_empty(*k.shape[:2], m, k.shape[-1]), src, TAG_K, ROWS)
-        vb = ex.recv(v.new_empty(*v.shape[:2], m, v.shape[-1]), src, TAG_V, ROWS)
+        kb = ex.recv(_buffer(k, m), src, TAG_K, ROWS)
+        vb = ex.recv(_buffer(v, m), src, TAG_V, ROWS)
     return ex.post(), kb, vb, g.received_pieces(r, src)
+
+
+def _buffer(like: torch.Tensor, m: int) -> torch.Tensor:
+    """(B, H, m, D) like `like` for a transfer: float32 from the kernel's pool of freed blocks
+    (`kernels.zeros`), so a large call's messages reuse the blocks its kernel calls freed
+    instead of adding fresh memory beside the blocks the pool holds."""
+    return kernels.zeros(*like.shape[:2], m, like.shape[-1], dtype=like.dtype, device=like.device)
+
+
+def _picked(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x's rows `rows` (dim 2) as a new contiguous tensor, from the pool as `_buffer`."""
+    return torch.index_select(x, 2, rows, out=_buffer(x, len(rows)))
 
 
 def _return(c: Call, t: int, dk_b, dv_b, like_k, like_v):
@@ -65,8 +80,8 @@ def _return(c: Call, t: int, dk_b, dv_b, like_k, like_v):
     gk = gv = None
     if len(rows):  # (B, Hkv, m, D) fp32 <- dst: grads of the keys I sent it
         m = len(rows)
-        gk = ex.recv(like_k.new_empty(*like_k.shape[:2], m, like_k.shape[-1]), dst, TAG_DK, GRADS)
-        gv = ex.recv(like_v.new_empty(*like_v.shape[:2], m, like_v.shape[-1]), dst, TAG_DV, GRADS)
+        gk = ex.recv(_buffer(like_k, m), dst, TAG_DK, GRADS)
+        gv = ex.recv(_buffer(like_v, m), dst, TAG_DV, GRADS)
     return ex.post(), rows, gk, gv
 
 
@@ -84,11 +99,13 @@ def _forward(ctx, q, k, v, c: Call):
     q_acc = q.to(c.acc)
     state = attend.start_state(c, q, Dv)
     steps = _steps(c)
+    attend.settle(c, q_acc)  # what the pool kept from earlier calls
     nxt = _fetch(c, steps[0], k, v, "forward") if steps else None
     attend.forward_block(c, state, q_acc, k, v, c.geom.k.pieces(c.rank))
     for i in range(len(steps)):
         ex, kb, vb, pieces = nxt
         ex.wait()
+        attend.settle(c, q_acc)
         nxt = _fetch(c, steps[i + 1], k, v, "forward") if i + 1 < len(steps) else None
         if kb is not None:  # computed while step i + 1's transfers travel
             attend.forward_block(c, state, q_acc, kb, vb, pieces)
@@ -98,7 +115,12 @@ def _forward(ctx, q, k, v, c: Call):
 
 def _backward(ctx, c: Call, q, k, v, saved, dq):
     steps = _steps(c)
+    lean = attend.lean(c, saved[0])  # large: no transfer overlaps a block (attend.lean)
+    attend.settle(c, saved[0])  # the forward's blocks, whole-shard sized: not the backward's
     nxt = _fetch(c, steps[0], k, v, "backward") if steps else None
+    if lean and nxt is not None:
+        nxt[0].wait()  # the rows sent (copies) are freed before the own block runs
+        attend.settle(c, saved[0])
     own = c.geom.k.pieces(c.rank)
     # this rank's own keys' gradients (B, Hkv, S_local, D|Dv), acc dtype: in two parts of the
     # heads when it can, the second computed while the last step's partials travel back
@@ -116,7 +138,15 @@ def _backward(ctx, c: Call, q, k, v, saved, dq):
         del ex, kb, vb
         if pending is not None:
             _absorb(pending, dk, dv)
+        attend.settle(c, saved[0])  # the block's one-head tiles: not the partials' size
         pending = _return(c, t, dk_b, dv_b, dk, dv)  # travels while step t + 1 computes
+        del dk_b, dv_b
+        if lean:  # ... unless large: the partials sent and received are freed first
+            _absorb(pending, dk, dv)
+            pending = None
+        if lean and nxt is not None:
+            nxt[0].wait()
+        attend.settle(c, saved[0])
     if len(parts) > 1:  # ... or while the own block's second part computes
         attend.backward_block(c, saved, dq, k, v, own, kv_heads=parts[1], into=(dk, dv))
     if pending is not None:

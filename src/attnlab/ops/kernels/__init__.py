@@ -37,8 +37,8 @@ from attnlab.ops.kernels.build import ISAS, KernelStatus, runnable, status
 from attnlab.ops.kernels.build import get as _get
 
 __all__ = ["ISAS", "KernelStatus", "available", "cached_bytes", "interval_attention",
-           "interval_backward", "interval_forward", "interval_weights", "runnable", "status",
-           "zeros"]
+           "interval_backward", "interval_forward", "interval_weights", "release_cached",
+           "runnable", "status", "zeros"]
 
 
 def available(isa: str | None = None) -> bool:
@@ -52,6 +52,15 @@ def cached_bytes(isa: str | None = None) -> int:
     512 MiB; 0 when the cache is off (ATTNLAB_KERNEL_POOL=0) or the kernel is not built."""
     ops = _get(isa)
     return 0 if ops is None else int(ops.pool_cached_bytes())
+
+
+def release_cached(keep_bytes: int = 0) -> int:
+    """Return the freed blocks the kernel keeps (`cached_bytes`) to the system until at most
+    `keep_bytes` stay; the bytes released (0 when the kernel is not loaded). Never builds."""
+    from attnlab.ops.kernels import build
+
+    ops = build.loaded()
+    return 0 if ops is None else int(ops.pool_trim(int(keep_bytes)))
 
 
 def zeros(*size: int, dtype: torch.dtype, device=None) -> torch.Tensor:

@@ -65,7 +65,7 @@ ISA_NEEDS = {
 #: the ops each build registers (csrc/ops.cpp)
 OPS = ("fwd", "bwd", "keys_last", "keys_last_checked", "rows_padded", "weights", "simd_width",
        "math_probe", "all_finite", "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros",
-       "decode", "decode_bf16_path")
+       "decode", "decode_bf16_path", "pool_trim")
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
 LOCK_WAIT_S = 900.0
 

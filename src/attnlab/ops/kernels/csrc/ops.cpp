@@ -490,6 +490,9 @@ double fma_ceiling(int64_t iters) { return fma_loop(iters); }
 // the bytes of freed blocks the pool holds for the next calls (pool.h)
 int64_t pool_cached_bytes() { return (int64_t)Pool::get().cached_bytes(); }
 
+// return cached blocks to the system until at most `keep` bytes stay (pool.h); the bytes freed
+int64_t pool_trim(int64_t keep) { return (int64_t)Pool::get().trim(keep > 0 ? (size_t)keep : 0); }
+
 // float32 zeros of `size` on the CPU, a large one from the pool: memory freed by an earlier
 // call, so no page of it faults in again (a context-parallel call's accumulators)
 Tensor pool_zeros(at::IntArrayRef size) { return zeros_big(size, at::TensorOptions().dtype(at::kFloat)); }
@@ -515,6 +518,7 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);
   m.def("fma_ceiling(int iters) -> float", &fma_ceiling);
   m.def("pool_cached_bytes() -> int", &pool_cached_bytes);
+  m.def("pool_trim(int keep) -> int", &pool_trim);
   m.def("pool_zeros(int[] size) -> Tensor", &pool_zeros);
   m.def("decode(Tensor q, Tensor k, Tensor v, Tensor lo, Tensor hi, Tensor? slopes, float scale, "
         "float softcap, int pos_off, int chunk=0, bool check=False) -> (Tensor, Tensor, bool)",

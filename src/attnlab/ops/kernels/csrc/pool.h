@@ -51,6 +51,22 @@ class Pool final : public c10::Allocator {
     std::lock_guard<std::mutex> g(mu_);
     return free_bytes_;
   }
+  // returns freed blocks to the system, oldest first, until at most `keep` bytes stay cached; a
+  // caller whose next buffers differ in size from the freed ones (a context-parallel call
+  // between its passes) keeps them from sitting resident beside fresh ones. Returns bytes freed.
+  size_t trim(size_t keep) {
+    std::lock_guard<std::mutex> g(mu_);
+    size_t freed = 0;
+    while (free_bytes_ > keep && !free_.empty()) {
+      auto& [q, m] = free_.back();
+      free_bytes_ -= m;
+      freed += m;
+      size_.erase(q);
+      std::free(q);
+      free_.pop_back();
+    }
+    return freed;
+  }
 
  private:
   Pool() {
