@@ -33,7 +33,7 @@ def args(dtype=torch.float32):
     (dict(softcap="big"), ["softcap:", "'big'"]),
     (dict(alibi="abc"), ["alibi:", "'abc'"]),
     (dict(alibi=[0.5, math.nan]), ["alibi:", "nan"]),
-    (dict(alibi=[0.5, 0.25, 0.1]), ["alibi:", "got (3)", "(B, H) = (1, 2)"]),
+    (dict(alibi=[0.5, 0.25, 0.1]), ["alibi:", "got (3)", "(H,) = (2,)"]),
     (dict(q_pos0=1.5), ["q_pos0:", "1.5"]),
     (dict(k_pos0="3"), ["k_pos0:", "'3'"]),
 ])
