@@ -43,6 +43,18 @@ def model_heads(model) -> tuple[int, int]:
 
 
 @contextmanager
+def _activated(plan: active.Plan, outer: active.Plan | None) -> Iterator[None]:
+    """`plan` active inside the block, sharing the layers an enclosing plan has seen."""
+    if outer is not None:
+        plan.seen = outer.seen
+    token = active.activate(plan)
+    try:
+        yield
+    finally:
+        active.deactivate(token)
+
+
+@contextmanager
 def intervene(model, edits) -> Iterator[active.Plan]:
     """Apply `edits` (Ablate, MeanAblate, Patch, FixPattern, or a list of them) to every forward
     of `model` inside the block. An edit whose layer never ran while others did raises on exit
@@ -52,13 +64,8 @@ def intervene(model, edits) -> Iterator[active.Plan]:
     outer = active.active()
     plan = active.Plan(edits=build(edits, n_layers, n_heads),
                        stored=None if outer is None else outer.stored)
-    if outer is not None:
-        plan.seen = outer.seen
-    token = active.activate(plan)
-    try:
+    with _activated(plan, outer):
         yield plan
-    finally:
-        active.deactivate(token)
     missed = sorted(set(plan.edits) - plan.seen)
     if plan.seen and missed:
         raise AttnlabError(f"edits: layers {missed} were never called through attnlab while "
@@ -73,10 +80,5 @@ def record_heads(model) -> Iterator[HeadOutputs]:
     outer = active.active()
     rec = HeadOutputs({})
     plan = active.Plan(edits={} if outer is None else outer.edits, stored=rec.z)
-    if outer is not None:
-        plan.seen = outer.seen
-    token = active.activate(plan)
-    try:
+    with _activated(plan, outer):
         yield rec
-    finally:
-        active.deactivate(token)
