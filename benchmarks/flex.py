@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/flex.py          # sliding window 256 and documents @ 16k
     .venv/bin/python benchmarks/flex.py --L 4096 --repeats 3
+    .venv/bin/python benchmarks/flex.py --mods   # softcap / ALiBi score_mods: fused or not
 
 For each mask, written as a Flex mask_mod and made into a BlockMask by torch's create_block_mask:
 
@@ -130,6 +131,46 @@ def run_case(cfg: Config, compiled, q, k, v, name, fn, builtin, dense):
     return name, fwd, both, made, convert, compile_s
 
 
+def run_mods(cfg: Config):
+    """Forward medians of a sliding window with a softcap / ALiBi score_mod: fused into the
+    kernel's built-in modifier (what flex_attention does with such a function), called on each
+    chunk by the tiled loop (the same function wrapped so it is not fused), torch's compiled
+    Flex."""
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+    from attnlab.flexfn import Adapted
+
+    torch.set_num_threads(cfg.threads)
+    compiled = torch.compile(torch_flex, dynamic=False)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(cfg.B, cfg.H, cfg.L, cfg.D, generator=g) for _ in range(3))
+    w = cfg.window
+    slopes = torch.exp2(-(torch.arange(cfg.H) + 1.0) * 8.0 / cfg.H)
+
+    def sliding(b, h, qi, ki):
+        return (qi >= ki) & (qi - ki < w)
+
+    def softcap(s, b, h, qi, ki):
+        return 30.0 * torch.tanh(s / 30.0)
+
+    def alibi(s, b, h, qi, ki):
+        return s + (ki - qi) * slopes[h]
+
+    bm = create_block_mask(sliding, None, None, cfg.L, cfg.L, device="cpu")
+    rows = []
+    for name, mod in (("softcap 30", softcap), ("ALiBi", alibi)):
+        plain = Adapted(mod, score=True)  # an Adapted is never fused: the per-chunk path
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = medians({
+                "fused": lambda mod=mod: flex_attention(q, k, v, score_mod=mod, block_mask=bm),
+                "chunks": lambda p=plain: flex_attention(q, k, v, score_mod=p, block_mask=bm),
+                "compiled": lambda mod=mod: compiled(q, k, v, score_mod=mod, block_mask=bm),
+            }, cfg.repeats)
+        rows.append((name, t))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--L", type=int, default=16384)
@@ -140,8 +181,21 @@ def main(argv=None) -> int:
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mods", action="store_true",
+                    help="instead: score_mods fused into the kernel vs called on each chunk")
     a = ap.parse_args(argv)
     cfg = Config(a.L, a.window, a.docs, a.B, a.H, a.D, a.repeats, a.threads)
+    if a.mods:
+        print(f"# sliding window {cfg.window} with a score_mod, forward, L={cfg.L}, B={cfg.B} "
+              f"H={cfg.H} D={cfg.D} fp32, {cfg.threads} thread(s), median of {cfg.repeats}\n")
+        print("| score_mod | fused (s) | called per chunk (s) | chunks / fused | torch compiled "
+              "flex (s) | fused / compiled |")
+        print("|---|---|---|---|---|---|")
+        for name, t in run_mods(cfg):
+            print(f"| {name} | {t['fused']:.4f} | {t['chunks']:.4f} | "
+                  f"{t['chunks'] / t['fused']:.2f} | {t['compiled']:.4f} | "
+                  f"{t['fused'] / t['compiled']:.2f} |")
+        return 0
     rows = run(cfg)
     print(f"# L={cfg.L}, B={cfg.B} H={cfg.H} D={cfg.D} fp32, {cfg.threads} thread(s), "
           f"median of {cfg.repeats}\n")
