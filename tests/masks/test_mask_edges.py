@@ -115,3 +115,13 @@ def test_alibi_lengths_longer_than_the_call_are_refused():
             attnlab.attention(q, q, q, score_mod=mod)
     ok = masks.alibi(torch.ones(2), align="bottom_right", query_lengths=[4], key_lengths=[3])
     assert attnlab.attention(q, q, q, score_mod=ok).isfinite().all()
+
+
+def test_a_union_across_a_one_key_gap_has_no_intervals():
+    """Row i: keys [0, i] | {i + S - L}. S - L = 2 leaves key i + 1 out (two runs: no
+    intervals); S - L = 1 touches (one run, [0, i + 2))."""
+    m = masks.causal() | masks.window(0, 0, "bottom_right")
+    assert m.intervals(4, 6) is None
+    lo, hi = m.intervals(4, 5)
+    j = torch.arange(5)
+    assert torch.equal((j >= lo[..., None]) & (j < hi[..., None]), m.to_dense(4, 5))
