@@ -18,10 +18,15 @@ loss on each copy; and every head's effect on both.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from attnlab.cli.options import add_model, add_threads, check_output, check_text, open_model
+from attnlab.cli.options import (
+    add_model,
+    add_threads,
+    check_output,
+    check_text,
+    open_model,
+    print_result,
+)
 
 MEASURE_HELP = ("cosine or similarity (an encoder; default cosine), logprob, logit-diff or loss "
                 "(a causal LM; default logprob)")
@@ -75,11 +80,7 @@ def show(fx, args) -> int:
     """Print the effects (text or --json) and write the page when -o is given."""
     from attnlab.viz.effects_text import render_effects
 
-    if args.json:
-        json.dump(fx.to_json(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_effects(fx, top=args.top))
+    print_result(args.json, fx.to_json, lambda: render_effects(fx, top=args.top))
     if args.output:
         from attnlab.viz.effects_page import write_effects_page
 
@@ -100,11 +101,7 @@ def _story(args) -> int:
     if args.output:
         raise AttnlabError("-o: the induction story has no page; use --json")
     story = induction_story(open_model(args.model), args.repeat_random, seed=args.probe_seed)
-    if args.json:
-        json.dump(story.to_json(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_story(story))
+    print_result(args.json, story.to_json, lambda: render_story(story))
     return 0
 
 

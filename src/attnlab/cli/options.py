@@ -25,6 +25,18 @@ MODEL_HELP = ("a local Hugging Face model directory or a checkpoint attnlab trai
               "the packaged all-MiniLM-L6-v2)")
 
 
+def print_result(as_json: bool, data, text) -> None:
+    """A command's result on stdout: `data()` as JSON with --json, else the string `text()` (both
+    callables, so that only the form printed is made)."""
+    if as_json:
+        import json
+
+        json.dump(data(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(text())
+
+
 def add_model(p, *, help: str = MODEL_HELP):
     """Add `--model PATH` (the model the command reads) to parser `p`; returns the action."""
     return p.add_argument("--model", metavar="PATH", default=None, help=help)

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.options import add_model, add_threads, check_output, check_text, run_text
+from attnlab.cli.options import (
+    add_model,
+    add_threads,
+    check_output,
+    check_text,
+    print_result,
+    run_text,
+)
 
 
 def add_parser(sub):
@@ -43,8 +50,6 @@ def _heads(spec: str):
 
 
 def run(args) -> int:
-    import json
-    import sys
 
     from attnlab.explain.attention_flow import token_sources
     from attnlab.viz.explain_text import render_sources
@@ -56,11 +61,8 @@ def run(args) -> int:
         check_output("-o", args.output, (".png", ".svg"))
     att = run_text(args.model, args.text)
     sources = token_sources(att, args.token, heads)
-    if args.json:
-        json.dump(sources.to_json(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_sources(sources, heads_spec=args.heads))
+    print_result(args.json, sources.to_json,
+                 lambda: render_sources(sources, heads_spec=args.heads))
     if args.output:
         from attnlab.viz.head_figures import figure_sources, save_figure
 
