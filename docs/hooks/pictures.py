@@ -3,7 +3,7 @@ go stale): the explorable lesson page and a view page of all-MiniLM-L6-v2 (the R
 opened on "it"), and PNGs of both drawn by headless Chromium (Debian's, as the browser tests use).
 
     python docs/hooks/pictures.py            # the same by hand: pages into build/pages, PNGs into
-                                             # docs/img
+                                             # docs/img (or: PAGES_DIR IMG_DIR)
 
 `generate.py` (the MkDocs hook) calls `write_pages` for the site and `take_pictures` for docs/img.
 """
@@ -84,8 +84,10 @@ def _shot(page, selector: str, path: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python docs/hooks/pictures.py [PAGES_DIR IMG_DIR]
     sys.path.insert(0, str(ROOT / "src"))
-    made = write_pages(ROOT / "build" / "pages")
-    for f in take_pictures(made, ROOT / "docs" / "img"):
-        print(f"wrote {f.relative_to(ROOT)}")
+    pages_dir, img_dir = (Path(a) for a in (sys.argv[1:3] if len(sys.argv) == 3 else
+                                            (ROOT / "build" / "pages", ROOT / "docs" / "img")))
+    made = write_pages(pages_dir)
+    for f in take_pictures(made, img_dir):
+        print(f"wrote {f}")
