@@ -178,7 +178,70 @@ def temporal_head(prompt, frames, per_frame, width):
     return mask
 
 
+def longformer(window, is_global):
+    """A symmetric window plus global tokens that see and are seen by all (gym's global
+    sliding window)."""
+    def mask(b, h, q, kv):
+        return ((q - kv).abs() <= window) | is_global[q] | is_global[kv]
+    return mask
+
+
+def shared_prefix(lengths, prefix_of):
+    """Packed prompt/continuation documents: causal inside one's document, a continuation also
+    sees its whole prompt document (gym's shared_prefix)."""
+    starts = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    prefix_of = torch.tensor(prefix_of)
+
+    def mask(b, h, q, kv):
+        d = doc[q]
+        p = prefix_of[d]
+        own = (kv >= starts[d]) & (q >= kv)
+        prompt = (d != p) & (kv >= starts[p]) & (kv < starts[p + 1])
+        return own | prompt
+    return mask
+
+
+def block_diffusion(n, block):
+    """BD3-LM training over 2n tokens, noised then clean: noised tokens see their own noised
+    block and earlier clean blocks, clean ones earlier-or-same clean blocks (gym's
+    block_diffusion)."""
+    def mask(b, h, q, kv):
+        qn, kn = q < n, kv < n
+        qb, kb = (q % n) // block, (kv % n) // block
+        return ((qb == kb) & (qn == kn)) | ((qb > kb) & qn & ~kn) | ((qb >= kb) & ~qn & ~kn)
+    return mask
+
+
 # ---- attention-gym's mods, restated ---------------------------------------------------------
+
+
+def sandwich(heads, max_len, d_bar=16):
+    """Sandwich: a cosine relative-distance table, scaled per head (gym's sandwich)."""
+    freqs = 1.0 / 10000 ** (2 * torch.arange(d_bar // 2, dtype=torch.float32) / d_bar)
+    dist = torch.arange(2 * max_len - 1, dtype=torch.float32) - (max_len - 1)
+    table = torch.cos(dist.abs()[:, None] * freqs).sum(-1)  # (2·max_len - 1,)
+    per_head = heads / (8.0 * torch.arange(1, heads + 1, dtype=torch.float32))
+
+    def mod(score, b, h, q, kv):
+        return score + table[q - kv + max_len - 1] * per_head[h]
+    return mod
+
+
+def graph_distance_bias(table, dist):
+    """Graphormer's spatial encoding: a learned (H, buckets) table at each pair's shortest-path
+    bucket dist (B, N, N) (gym's graphormer)."""
+    def mod(score, b, h, q, kv):
+        return score + table[h, dist[b, q, kv]]
+    return mod
+
+
+def activation(fn=torch.nn.functional.gelu, offset=1.0):
+    """softmax replaced by fn through log(fn(s) + offset) (gym's activation)."""
+    def mod(score, b, h, q, kv):
+        return torch.log(fn(score) + offset)
+    return mod
+
 
 
 def alibi(heads):
@@ -291,6 +354,10 @@ def _table(*shape, seed):
 _QR, _KR = _table(2, 4, 97, 8, seed=1), _table(2, 1, 97, 8, seed=2)
 _HEADS, _ROWS = _table(4, seed=3), _table(2, 8, seed=4)
 _SPANS = torch.tensor([[0, 40], [20, 70], [70, 97]])
+_GLOBAL = torch.zeros(150, dtype=torch.bool)
+_GLOBAL[[0, 77, 149]] = True
+_GRAPH = torch.randint(0, 6, (2, 90, 90), generator=torch.Generator().manual_seed(5))
+_BUCKETS = _table(4, 6, seed=6)
 
 
 def _cases():
@@ -310,10 +377,18 @@ def _cases():
         "gym sta 2d": Case(sliding_tiles_2d((12, 12), (6, 6), (3, 3), 16), L=160, S=160),
         "gym svg spatial": Case(spatial_head(6, 14, 2, True, 4), L=146, S=146),
         "gym svg temporal": Case(temporal_head(6, 10, 14, 2), L=146, S=146),
+        "gym global_sliding_window": Case(longformer(9, _GLOBAL), L=150, S=150),
+        "gym shared_prefix": Case(shared_prefix([40, 30, 30, 50, 20, 30], [0, 0, 0, 3, 3, 3]),
+                                  L=200, S=200),
+        "gym block_diffusion": Case(block_diffusion(80, 16), L=160, S=160),
         # attention-gym mods
         "gym alibi": Case(causal, alibi(4), L=120, S=120),
         "gym softcap": Case(None, softcap(2.0)),
         "gym mla rope": Case(None, mla_rope(_QR, _KR, 4), L=97, S=97),
+        "gym sandwich": Case(causal, sandwich(4, 120), L=120, S=120),
+        "gym graphormer": Case(None, graph_distance_bias(_BUCKETS, _GRAPH), L=90, S=90,
+                               captured=(_BUCKETS,)),
+        "gym activation gelu": Case(None, activation()),
         # PyTorch's Flex tests
         "torch identity": Case(None, identity),
         "torch times_two": Case(None, times_two),
