@@ -15,7 +15,8 @@ prompt length and each attention implementation ("attnlab", "sdpa", "eager") in 
 
 Attention's share of a step: the same step with the attention replaced by a function that
 returns zeros of the right shape ("none": no attention at all), share = 1 - t(none) / t(impl).
-Medians over --repeats; every implementation timed on the same inputs in one process.
+Medians over --repeats, every implementation (and "none") timed in turn within each repeat, on
+the same inputs in one process.
 """
 
 from __future__ import annotations
@@ -98,14 +99,17 @@ def run(prompt: int, tokens: int, repeats: int, impls) -> list[str]:
     batch = torch.randint(3, 32000, (2, prompt), generator=g)
     padded = torch.ones_like(batch)
     padded[1, :prompt // 4] = 0  # left padding, as generate pads a batch
-    rows, res = [], {}
-    for impl in (*impls, "none"):
-        model.set_attn_implementation(impl)
-        t_pre, _ = timed(lambda: prefill(model, ids, one), repeats)
-        t_pad, _ = timed(lambda: prefill(model, batch, padded), repeats) if impl != "none" \
-            else (float("nan"), None)
-        t_tok, toks = decode(model, ids, one, tokens)
-        res[impl] = (t_pre, t_pad, t_tok, toks)
+    rows, times, toks_of = [], {}, {}
+    for _ in range(repeats):  # every implementation in turn in each repeat: the load falls alike
+        for impl in (*impls, "none"):
+            model.set_attn_implementation(impl)
+            t_pre, _ = timed(lambda: prefill(model, ids, one), 1)
+            t_pad, _ = timed(lambda: prefill(model, batch, padded), 1) if impl != "none" \
+                else (float("nan"), None)
+            t_tok, toks_of[impl] = decode(model, ids, one, tokens)
+            times.setdefault(impl, []).append((t_pre, t_pad, t_tok))
+    res = {impl: (*(statistics.median(x) for x in zip(*t)), toks_of[impl])
+           for impl, t in times.items()}
     none_pre, _, none_tok, _ = res["none"]
     eager_toks = res["eager"][3] if "eager" in res else None
     for impl in impls:
