@@ -213,6 +213,30 @@ def block_diffusion(n, block):
     return mask
 
 
+def tree_causal(prefix, parents):
+    """JetSpec tree drafting: every query (a tree node) sees the prefix keys and its own
+    root-to-self path among the tree's keys (gym's jetspec tree-causal)."""
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for node, parent in enumerate(parents[1:], start=1):
+        anc[node] |= anc[parent]
+
+    def mask(b, h, q, kv):
+        t = (kv - prefix).clamp(min=0, max=n - 1)
+        return (kv < prefix) | ((kv >= prefix) & (kv < prefix + n) & anc[q, t])
+    return mask
+
+
+def draft_blocks(prefix, block):
+    """JetSpec draft-head training: the prefix, then causal inside one's own sampled block of
+    keys (gym's jetspec training mask)."""
+    def mask(b, h, q, kv):
+        rel = kv - prefix
+        same = (kv >= prefix) & (q // block == rel // block) & (rel % block <= q % block)
+        return (kv < prefix) | same
+    return mask
+
+
 # ---- attention-gym's mods, restated ---------------------------------------------------------
 
 
@@ -381,6 +405,9 @@ def _cases():
         "gym shared_prefix": Case(shared_prefix([40, 30, 30, 50, 20, 30], [0, 0, 0, 3, 3, 3]),
                                   L=200, S=200),
         "gym block_diffusion": Case(block_diffusion(80, 16), L=160, S=160),
+        "gym jetspec tree": Case(tree_causal(40, [-1, 0, 1, 1, 3, 3, 0, *range(6, 66)]),
+                                 L=67, S=107),
+        "gym jetspec training": Case(draft_blocks(30, 12), L=96, S=126),
         # attention-gym mods
         "gym alibi": Case(causal, alibi(4), L=120, S=120),
         "gym softcap": Case(None, softcap(2.0)),
