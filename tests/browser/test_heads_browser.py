@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnlab.explain.head_statistics import head_stats
+from attnlab.explain.head_words import head_words
 from attnlab.viz.page import write_page
 from viz.fakes import XSS, fake_capture
 
@@ -40,6 +41,7 @@ def test_grid_shows_the_statistic_and_labels(page, capture):
         assert value == pytest.approx(stats["first"][l, h], abs=1e-6)
         assert label == stats.labels[l][h]
         assert title.startswith(f"layer {l}, head {h}: {label} (first = ")
+        assert title.endswith("\n" + head_words(stats, l, h))  # the label in words: why, why none
     page.select_option("#stat", "prev")
     assert page.get_attribute("#drawing", "data-stat") == "prev"
     for l, h, value, _, _ in cells(page):

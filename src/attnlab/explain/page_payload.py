@@ -14,6 +14,7 @@ from attnlab.capture import ModelAttention, check_capture
 from attnlab.errors import AttnlabError, fmt_shape
 from attnlab.explain.attention_flow import rollout
 from attnlab.explain.head_statistics import head_stats, looks_special, rules_text
+from attnlab.explain.head_words import head_words
 from attnlab.explain.token import find_word, focus_of, rank_heads
 
 #: the word a page opens on when none is asked for and the text has it (the README's sentence)
@@ -158,6 +159,10 @@ def _layer_scores(ma, n_layers: int, H: int, L: int, S: int) -> dict:
 
 
 def _head_stats(ma) -> dict:
-    """The heads view's data: every statistic per head, the labels, and the label rules."""
-    doc = head_stats(ma).to_json()
-    return {"stats": doc["stats"], "labels": doc["labels"], "rules": rules_text()}
+    """The heads view's data: every statistic per head, the labels, each label in words (why,
+    or why none: `head_words`), and the label rules."""
+    stats = head_stats(ma)
+    doc = stats.to_json()
+    words = [[head_words(stats, l, h) for h in range(stats.n_heads)]
+             for l in range(stats.n_layers)]
+    return {"stats": doc["stats"], "labels": doc["labels"], "words": words, "rules": rules_text()}

@@ -493,7 +493,8 @@
                             { "text-anchor": "middle", "font-size": 11,
                               fill: onRamp(t) }));
         g.appendChild(el("title", {}, names(l, h) + ": " + hs.labels[l][h] +
-                         " (" + state.stat + " = " + text + ")"));
+                         " (" + state.stat + " = " + text + ")" +
+                         (hs.words ? "\n" + hs.words[l][h] : "")));  // the label in words
         g.addEventListener("click", openThumb.bind(null, l, h));
         svg.appendChild(g);
       }
