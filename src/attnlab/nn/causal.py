@@ -41,6 +41,12 @@ def _record(q, k, v, w, scale: float) -> AttentionCall:
                          weights=w, scale=scale, causal=True)
 
 
+#: the mask of every cached step: one object, so its intervals per (L, S) are computed once for
+#: all layers and the op's cheap path (`ops/cheap.py`, plans per mask object) serves the layers
+#: after the first of each step
+CACHED_CAUSAL = masks.causal(align="bottom_right")
+
+
 class CausalSelfAttention(nn.Module):
     """Causal self-attention over (B, L, d_model) with n_heads query and n_kv_heads k/v heads."""
 
@@ -83,7 +89,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)  # (B, Hkv, start + L, D)
             # the new queries are the last L positions: causal aligned to the bottom-right corner
-            mask, is_causal = masks.causal(align="bottom_right"), False
+            mask, is_causal = CACHED_CAUSAL, False
         else:
             mask, is_causal = None, True
         p_drop = self.dropout if self.training else 0.0
