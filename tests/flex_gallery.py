@@ -158,6 +158,34 @@ def sliding_tiles_2d(canvas, kernel, tile, text):
     return mask
 
 
+def sliding_tiles_3d(canvas, kernel, tile, text):
+    """Sliding Tile Attention on a (time, height, width) canvas of tiles, plus `text` tokens
+    after the video (gym's sta, 3-D)."""
+    (ct, ch, cw), (kt, kh, kw), (tt, th, tw) = canvas, kernel, tile
+    nt, nh, nw = ct // tt, ch // th, cw // tw
+    kts, khs, kws = kt // tt, kh // th, kw // tw
+    vision = ct * ch * cw
+
+    def tile_of(i):
+        t = i // (tt * th * tw)
+        return t // (nh * nw), (t % (nh * nw)) // nw, t % nw
+
+    def near(qa, ka, k, n):
+        left, right = k // 2, k // 2 + (k % 2 - 1)
+        centre = qa.clamp(left, n - 1 - right)
+        return (ka >= centre - left) & (ka <= centre + right)
+
+    def mask(b, h, q, kv):
+        qt, qh, qw = tile_of(q)
+        k_t, k_h, k_w = tile_of(kv)
+        close = near(qt, k_t, kts, nt) & near(qh, k_h, khs, nh) & near(qw, k_w, kws, nw)
+        both = (q < vision) & (kv < vision)
+        to_text = (q < vision) & (kv >= vision) & (kv < vision + text)
+        from_text = (q >= vision) & (kv < vision + text)
+        return (both & close) | to_text | from_text
+    return mask
+
+
 def spatial_head(prompt, per_frame, width, sink, round_to):
     """Sparse VideoGen's spatial head: prompt rows and columns, plus a band of `width` frames
     rounded down to `round_to` (gym's svg spatial head, Python math on Python ints)."""
@@ -399,6 +427,7 @@ def _cases():
         "gym morton natten": Case(morton_neighbourhood(8, 8, 3, 3), L=64, S=64),
         "gym sink": Case(sink_window(20, 4), L=160, S=160),
         "gym sta 2d": Case(sliding_tiles_2d((12, 12), (6, 6), (3, 3), 16), L=160, S=160),
+        "gym sta 3d": Case(sliding_tiles_3d((4, 6, 6), (2, 6, 3), (2, 3, 3), 10), L=154, S=154),
         "gym svg spatial": Case(spatial_head(6, 14, 2, True, 4), L=146, S=146),
         "gym svg temporal": Case(temporal_head(6, 10, 14, 2), L=146, S=146),
         "gym global_sliding_window": Case(longformer(9, _GLOBAL), L=150, S=150),
