@@ -288,6 +288,21 @@ def graph_distance_bias(table, dist):
     return mod
 
 
+def graph_edge_bias(table, path_types, path_lengths):
+    """Graphormer's edge encoding: the mean over a pair's shortest-path positions of a learned
+    (H, K, edge types) table at each position's edge type (gym's graphormer edge bias; gym
+    slices the table per position when building the function, for compiled Flex's one gather
+    per trained tensor, so it must be rebuilt per step; here the slices are taken per call)."""
+    def mod(score, b, h, q, kv):
+        n_hops = path_lengths[b, q, kv]
+        total = 0.0
+        for n in range(path_types.shape[-1]):
+            t = table[:, n]
+            total = total + torch.where(n_hops > n, t[h, path_types[b, q, kv, n]], 0.0)
+        return score + total / torch.clamp(n_hops, min=1)
+    return mod
+
+
 def activation(fn=torch.nn.functional.gelu, offset=1.0):
     """softmax replaced by fn through log(fn(s) + offset) (gym's activation)."""
     def mod(score, b, h, q, kv):
@@ -410,6 +425,9 @@ _GLOBAL = torch.zeros(150, dtype=torch.bool)
 _GLOBAL[[0, 77, 149]] = True
 _GRAPH = torch.randint(0, 6, (2, 90, 90), generator=torch.Generator().manual_seed(5))
 _BUCKETS = _table(4, 6, seed=6)
+_EDGES = _table(4, 3, 5, seed=7)  # (H, K path positions, edge types)
+_PATH_TYPES = torch.randint(0, 5, (2, 70, 70, 3), generator=torch.Generator().manual_seed(8))
+_PATH_LENGTHS = torch.randint(0, 5, (2, 70, 70), generator=torch.Generator().manual_seed(9))
 
 
 def _cases():
@@ -445,6 +463,8 @@ def _cases():
         "gym graphormer": Case(None, graph_distance_bias(_BUCKETS, _GRAPH), L=90, S=90,
                                captured=(_BUCKETS,)),
         "gym activation gelu": Case(None, activation()),
+        "gym graphormer edges": Case(None, graph_edge_bias(_EDGES, _PATH_TYPES, _PATH_LENGTHS),
+                                     L=70, S=70, captured=(_EDGES,)),
         # PyTorch's Flex tests
         "torch identity": Case(None, identity),
         "torch times_two": Case(None, times_two),
