@@ -242,6 +242,35 @@ def _check_nan(out, nan, clean, q, k, v):
     assert (out.double() - want).abs()[ok].max() <= tol
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["no_mask", "is_causal"])
+@pytest.mark.parametrize("backend", catalog.backends(), ids=lambda b: b.name)
+def test_nan_in_keys_without_a_mask(backend, causal, backend_env):
+    """The same rule with no mask object at all (every row attends every key, or is_causal):
+    the compiled kernels' max ignores a NaN score, so they must not be left to propagate it."""
+    L, S = 37, 53
+    pos = S // 2 if causal else S - 2
+    backend_env(backend)
+    allowed = torch.ones(B, H, L, S, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    q, k, v = _poisoned(L, S, torch.float32, pos)
+    try:
+        with torch.no_grad():
+            out = attnlab.attention(q, k, v, is_causal=causal, enable_gqa=True,
+                                    backend=backend.name)
+    except AttnlabError:
+        assert backend.name in ("reference",) or not causal, f"{backend.name} refused"
+        return
+    bad, clean = _nan_expectation(allowed, L, S, pos)
+    # no mask: the rows that read a poisoned position are not finite (NaN, or ±Inf where the
+    # backend lets an Inf value through unmixed); every other row is exact
+    assert torch.equal(~out.isfinite().all(-1), bad), "non-finite rows differ from the rows " \
+                                                      "that read a poisoned position"
+    k0, v0 = (torch.nan_to_num(x, nan=0.0, posinf=0.0) for x in (k, v))
+    want = definition(q.double(), k0.double(), v0.double(), clean, "none")[0]
+    assert (out.double() - want).abs()[~bad].max() <= 1e-4
+
+
 @pytest.mark.parametrize("case", catalog.MASKS, ids=lambda c: c.name)
 def test_device_nan_policy_on_cpu(case):
     """ops.nonfinite_device's clean / poison (the CUDA path's rule, no host syncs) called directly

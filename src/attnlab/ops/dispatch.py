@@ -200,7 +200,9 @@ def run(name: str, p: Problem, need_lse: bool, *, clean_always: bool = False):
         got = backend.checked(p, need_lse)
         if got is not None:
             return got  # else NaN/Inf found: cleaned and computed again
-    p, bad = nonfinite.clean(p, always=clean_always)
+    # a compiled kernel's running max passes over a NaN score, so it cannot be left to spread
+    # NaN itself even without a mask: its poisoned positions are always cleaned and poisoned
+    p, bad = nonfinite.clean(p, always=clean_always or backend.checked is not None)
     p, bad_q = nonfinite.clean_queries(p)
     out, lse = backend.forward(p, need_lse)
     if bad is not None:

@@ -14,10 +14,12 @@ the rows that may attend them are set to NaN after it.
 
 Cost: one reduction over query, key and value per call (more passes only when poison is
 present). Calls without any mask skip the key/value part: every row attends every key there, so
-nothing can spread (`clean(..., always=True)` cleans them anyway: a context-parallel block that
-is one piece of a masked call). The interval kernel needs no such pass: it checks every key as
-it transposes them and each query and value row as it reads them (`dispatch.run`); only when it
-finds NaN/Inf are the inputs cleaned here and the call made again.
+nothing can spread, and the row is not finite through plain arithmetic (`clean(...,
+always=True)` cleans them anyway: a context-parallel block that is one piece of a masked call,
+and the compiled kernels, whose running max passes over a NaN score). The interval kernel
+needs no such pass: it checks every key as it transposes them and each query and value row
+as it reads them (`dispatch.run`); only when it finds NaN/Inf are the inputs cleaned here and
+the call made again.
 """
 
 from __future__ import annotations
