@@ -17,9 +17,10 @@ row-shaped lookup. `Adapted` runs such a function in the form that gives Flex's 
   (with Flex's getitem-as-index transform where plain indexing by a batched scalar fails),
   for the rest.
 
-The choice is made on the first block of each shape and kept for that shape (a forward, its
-backward and later steps ask for the same shapes), so a function pays the sample check once
-per shape. `form` says which form the latest shape took (`select_backend` reports it).
+The choice is made on the first block of each shape class (which dims of each argument hold
+more than one entry: sizes of 1 are where the two forms part; a growing length keeps its
+decision) and kept for it, so a function pays the sample check (~1-3 ms) once per class.
+`form` says which form the latest shape took (`select_backend` reports it).
 
 Caution: the broadcast form is checked on a sample, not on every pair; a function whose
 broadcast form agrees with its scalar form on the sampled positions but not elsewhere would
@@ -64,7 +65,9 @@ class Adapted:
         return self.fn
 
     def __call__(self, *args):
-        key = (*(tuple(a.shape) for a in args), str(args[-1].device))
+        # the shape's class: which dims of each argument hold more than one entry (a growing
+        # length, e.g. decoding, keeps its decision; a size of 1 is where forms differ)
+        key = (*(tuple(n > 1 for n in a.shape) for a in args), str(args[-1].device))
         form = self._forms.get(key)
         if form is None:
             form, out = self._decide(args)
