@@ -33,7 +33,9 @@ def test_blocks_build_no_dense_mask(kind, layout, monkeypatch):
     q, k, v = _qkv(L)
     ref = attnlab.attention(q, k, v, mask=m, backend="math")
     ref_g = torch.autograd.grad(ref.sum(), (q, k, v))
-    monkeypatch.setattr(m, "block", refuse)
+    # on the class: an instance attribute holding a function would make the cross-rank check
+    # compare the mask by what it does (a function inside), which evaluates sampled rows
+    monkeypatch.setattr(type(m), "block", refuse)
     out = cp.context_parallel_attention(q, k, v, mask=m, layout=layout, strategy="ring")
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert_close(out, ref, atol=1e-12, rtol=1e-12)
