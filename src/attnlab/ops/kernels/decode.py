@@ -11,8 +11,11 @@ for all the query heads that share it (GQA packed), converted to float32 in regi
 of each head split over the threads and merged exactly through their log-sum-exp. A slice of a
 preallocated cache is read in place (any batch, head and row strides; unit stride along D).
 
-The forward is the decode kernel's; a gradient, when one is asked for, is the interval kernel's
-backward on the same intervals (`kernel._bwd`), so `backend="decode"` is differentiable too.
+A call that needs a gradient runs the interval kernel's forward and backward on the same
+intervals (`runner.forward`), so `backend="decode"` is differentiable too: the backward then
+recomputes the very scores its forward normalized (the decode kernel sums its dot products in
+another order, and a backward from its lse broke FlashAttention's rule for dv, 6× the plain
+error, at a negative scale).
 
 Caution: NaN/Inf follow `ops/nonfinite.py`'s rule exactly: the kernel checks every query row and
 cache row it reads; when one is not finite the call is cleaned (keys and values zeroed where
@@ -72,15 +75,13 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     from attnlab.ops.kernels import kernel
 
     d = p.dims
+    if _grad(p.query, p.key, p.value):  # training: the interval kernel's Function
+        return runner.forward(p, need_lse, verify=verify)
     q = runner._batched(p.query, d)  # (B, H, L, D)
     k, v = _cache(p.key, d), _cache(p.value, d)  # (B, Hkv, S, D|Dv)
     c = runner._call(p, d.Dv)
-    ops = kernel._ops(None)
     report = [] if verify else None
-    if _grad(q, k, v):
-        out, lse = DecodeAttention.apply(q, k, v, c, report)
-    else:
-        out, lse = _fwd(ops, c, q, k, v, report)
+    out, lse = _fwd(kernel._ops(None), c, q, k, v, report)
     if verify and not report[0]:
         return None
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
@@ -115,31 +116,3 @@ def checked(p: Problem, need_lse: bool):
     if bad_q is not None:
         out, lse = nonfinite.poison_queries(p, bad_q, out, lse)
     return out, lse
-
-
-class DecodeAttention(torch.autograd.Function):
-    """The decode kernel's forward; the interval kernel's backward on the same Call."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, c: gate.Call, report=None):
-        from attnlab.ops.kernels import kernel
-
-        out, lse = _fwd(kernel._ops(None), c, q, k, v, report)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.c = c
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        from attnlab.ops.kernels import kernel
-
-        q, k, v, out, lse = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a second order, by recomputation
-            return (*kernel.second_order_grads(ctx.c, q, k, v, dout, dlse, "the decode kernel"),
-                    None, None)
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = kernel._bwd(ctx.c, q, k, v, out, lse, dout, dlse)
-        return dq, dk, dv, None, None
-
