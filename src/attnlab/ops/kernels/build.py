@@ -238,6 +238,14 @@ def _prebuilt(isa: str) -> Path | None:
 def library_path(isa: str) -> Path:
     """The file of the `isa` library this process loaded (building it first if needed)."""
     load(isa)
+    lib = _from_path(isa)
+    if not lib.exists():  # loaded from a cache folder since removed (another ATTNLAB_CACHE_DIR
+        _load(isa)  # then): the current cache's file, built there if missing, not loaded again
+        lib = _from_path(isa)
+    return lib
+
+
+def _from_path(isa: str) -> Path:
     where = _FROM[isa]
     if where.startswith("the wheel ("):
         return Path(where.removeprefix("the wheel (").removesuffix(")"))
