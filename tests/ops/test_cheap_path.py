@@ -105,3 +105,57 @@ def test_a_plan_holds_no_input():
     del q
     gc.collect()
     assert ref() is None
+
+
+def _grads(fn, q, k, v, g):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    return (out, *torch.autograd.grad(out, (q, k, v), g))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_plan_with_a_gradient_runs_the_lean_flash_function_with_sdpas_gradients(causal):
+    from attnlab.ops import sdpa
+
+    q, k, v = _qkv(L=5, S=5)
+    g = torch.randn(1, 2, 5, 8)
+    for _ in range(2):  # the full path, then the plan
+        got = _grads(lambda a, b, c: attnlab.attention(a, b, c, is_causal=causal), q, k, v, g)
+    plan = next(iter(cheap._PLANS.values()))
+    assert plan.sdpa[0] is sdpa.flash and plan.backend == "sdpa"
+    assert "small top-left causal" in attnlab.select_backend(
+        *(x.requires_grad_() for x in _qkv(L=5, S=5)), is_causal=True).reason
+    want = _grads(lambda a, b, c: attnlab.attention(a, b, c, is_causal=causal, backend="math"),
+                  q, k, v, g)
+    for a, b in zip(got, want):
+        assert (a - b).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_plan_with_a_gradient_differentiates_twice(causal):
+    q, k, v = (x.double().requires_grad_() for x in _qkv(L=3, S=3, H=1, D=4))
+    attnlab.attention(q, k, v, is_causal=causal)  # the plan
+
+    def fn(backend):
+        def f(a, b, c):
+            return attnlab.attention(a, b, c, is_causal=causal, backend=backend)
+        return f
+
+    assert torch.autograd.gradcheck(fn("auto"), (q, k, v))
+    assert torch.autograd.gradgradcheck(fn("auto"), (q, k, v))
+    assert len(cheap._PLANS) == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nonfinite_inputs_on_a_plan_with_a_gradient_follow_the_rules(causal, where):
+    q, k, v = _qkv(L=4, S=4)
+    g = torch.randn(1, 2, 4, 8)
+    _grads(lambda a, b, c: attnlab.attention(a, b, c, is_causal=causal), q, k, v, g)  # plan
+    {"query": q, "key": k, "value": v}[where][0, 1, 2, 3] = float("inf")
+    got = _grads(lambda a, b, c: attnlab.attention(a, b, c, is_causal=causal), q, k, v, g)
+    cheap.clear()
+    want = _grads(lambda a, b, c: attnlab.attention(a, b, c, is_causal=causal), q, k, v, g)
+    for a, b in zip(got, want):
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))

@@ -37,9 +37,13 @@ class Plan:
     template: Problem  # the validated Problem without its tensors (query, key, value: None)
     backend: str
     mask: object  # held so that its identity, part of the signature, stays its own
-    #: SDPA called as it is (no mask or top-left causal, no lse, no modifier, 4-D, no gradient
-    #: through the flash Function): (is_causal, scale, enable_gqa), else None
+    #: a call SDPA states exactly (no mask or top-left causal, no lse, no modifier, 4-D) run on
+    #: PyTorch's kernel with nothing around it but the NaN/Inf checks: (run, causal, scale,
+    #: gqa), run F.scaled_dot_product_attention (no gradient) or `sdpa._Flash` (a gradient);
+    #: else None
     sdpa: tuple | None = None
+    #: the NaN/Inf check of one tensor (`_finite_with`)
+    finite: object = None
 
 
 _PLANS: OrderedDict = OrderedDict()
@@ -74,41 +78,64 @@ def lookup(sig) -> Plan | None:
 
 
 def _sdpa_as_is(p: Problem, backend: str, need_lse: bool) -> tuple | None:
-    """The arguments of F.scaled_dot_product_attention when backend "sdpa" would call it with
-    nothing around it but the NaN/Inf checks (`sdpa.forward`), else None."""
-    from attnlab.ops import sdpa
+    """How backend "sdpa" runs this call when it calls PyTorch's kernel with nothing around it
+    but the NaN/Inf checks (`sdpa.forward`): (run, is_causal, scale, enable_gqa), else None."""
+    from attnlab.ops import fused_cpu, sdpa
 
     if backend != "sdpa" or need_lse or p.has_modifiers or p.dropout_p or p.dims.ndim != 4 or \
             p.attn_mask is not None or p.sinks is not None or p.query.device.type != "cpu" or \
-            p.dims.L == 0 or p.dims.S == 0 or p.query.numel() == 0:
+            p.dims.L == 0 or p.dims.S == 0 or p.query.numel() == 0 or not p.scale > 0:
         return None
     if p.structured is not None and not p.is_plain_causal:
         return None
-    if sdpa._flash_for_grad(p) or not p.scale > 0:
-        return None
-    return (p.structured is not None, p.scale, p.dims.groups > 1)
+    causal = p.structured is not None
+    if not sdpa._flash_for_grad(p):
+        return (_sdpa_plain, causal, p.scale, p.dims.groups > 1)
+    q, k, v = p.query, p.key, p.value
+    if sdpa.lean_applies(q, k, v, causal, p.scale) and all(
+            fused_cpu.laid_out(x) is x for x in (q, k, v)):  # strides: part of the signature
+        return (sdpa.flash, causal, p.scale, None)
+    return None
 
 
-def run_sdpa(plan: Plan, query, key, value):
-    """out of a plan that calls SDPA as it is, or None when an input holds NaN/Inf (the call
-    then takes `dispatch.run`, which cleans and poisons by the rules). Without a mask every row
-    sees every key, so only the queries are checked (as `dispatch.run` does); with the causal
-    mask the keys and values too."""
-    causal, scale, gqa = plan.sdpa
-    if not _finite(query) or (causal and not (_finite(key) and _finite(value))):
-        return None
+def _sdpa_plain(query, key, value, causal, scale, gqa):
     return F.scaled_dot_product_attention(query, key, value, None, 0.0, causal, scale=scale,
                                           enable_gqa=gqa)
 
 
-def _finite(x: torch.Tensor) -> bool:
-    """No NaN/Inf in x, or (rarely) a finite x whose sum overflows: the full path then decides.
-    The kernel's op for float32 where it is loaded (1 µs), else the sum as a Python float."""
-    if x.dtype == torch.float32 and x.is_contiguous():
-        ops = build.loaded()
-        if ops is not None:
-            return bool(ops.all_finite(x))
-    return math.isfinite(x.sum().item())
+def run_sdpa(plan: Plan, query, key, value):
+    """out of a plan that calls SDPA's kernel as it is, or None when an input holds NaN/Inf (the
+    call then takes `dispatch.run`, which cleans and poisons by the rules). Without a mask every
+    row sees every key, so only the queries are checked (as `dispatch.run` does); with the
+    causal mask the keys and values too."""
+    run, causal, scale, gqa = plan.sdpa
+    finite = plan.finite
+    if not finite(query) or (causal and not (finite(key) and finite(value))):
+        return None
+    if gqa is None:
+        return run(query, key, value, causal, scale)
+    return run(query, key, value, causal, scale, gqa)
+
+
+def _finite_with(ops):
+    """The NaN/Inf check of one tensor for a plan: no NaN/Inf in x, or (rarely) a finite x whose
+    sum overflows, for which the full path then decides. The kernel's op (1 µs) for float32
+    where the kernel was loaded when the plan was made (a plan is made per kernel switch: part
+    of the signature), else the sum as a Python float; a call never looks the build up."""
+    if ops is None:
+        return _sum_finite
+    op = ops.all_finite
+
+    def finite(x: torch.Tensor) -> bool:
+        if x.dtype == torch.float32 and x.is_contiguous():
+            return op(x)
+        return _sum_finite(x)
+
+    return finite
+
+
+def _sum_finite(x: torch.Tensor) -> bool:
+    return math.isfinite(x.detach().sum().item())  # detached: no graph for the check
 
 
 def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
@@ -116,7 +143,8 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     if sig is None:
         return
     template = dataclasses.replace(p, query=None, key=None, value=None, finite=False)
-    _PLANS[sig] = Plan(template, backend, mask, _sdpa_as_is(p, backend, need_lse))
+    _PLANS[sig] = Plan(template, backend, mask, _sdpa_as_is(p, backend, need_lse),
+                       _finite_with(build.loaded()))
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
 

@@ -36,9 +36,9 @@ class Choice:
     reason: str
 
 
-#: up to this many query rows a top-left causal call without a gradient costs less on SDPA's
-#: fused kernel than on the interval kernel (`benchmarks/small_calls.py`: its fixed cost is
-#: lower; with a gradient the interval kernel's Function is the cheaper)
+#: up to this many query rows a top-left causal call costs less on SDPA's fused kernel than on
+#: the interval kernel (`benchmarks/small_calls.py`: its fixed cost is lower; with a gradient
+#: through `sdpa._Flash`, when its heads and batch match)
 SMALL_CAUSAL = 64
 #: below this many score entries (L·S) a dense mask costs less than the tiled loop's overhead
 SMALL_SCORES = 1024 * 1024
@@ -70,10 +70,10 @@ def choose(p: Problem, need_lse: bool) -> Choice:
                                 f"decode kernel ({_isa()}) reads each key/value row once for the "
                                 f"{d.groups} query heads that share it, split over the keys")
     if p.is_plain_causal and d.L <= SMALL_CAUSAL and not need_lse and not p.has_modifiers \
-            and fused_cpu.applies(p) and not _records_grad(p):
-        return Choice("sdpa", f"small top-left causal (L = {d.L} <= {SMALL_CAUSAL}), no "
-                              "gradient: PyTorch's fused kernel with is_causal=True has the "
-                              "lowest fixed cost")
+            and fused_cpu.applies(p) and (not _records_grad(p) or _lean_grad(p)):
+        return Choice("sdpa", f"small top-left causal (L = {d.L} <= {SMALL_CAUSAL}): "
+                              "PyTorch's fused kernel with is_causal=True has the lowest fixed "
+                              "cost")
     if (p.structured is not None or p.has_modifiers or need_lse) and _interval(p):
         return Choice("interval", f"{_interval_why(p, need_lse)}: the compiled interval kernel "
                                   f"({_isa()}) computes only each row's key interval")
@@ -103,8 +103,16 @@ def choose(p: Problem, need_lse: bool) -> Choice:
 
 def _records_grad(p: Problem) -> bool:
     """Autograd records this call: then the interval kernel's Function costs less than the
-    "sdpa" backend's, which keeps a second order (`sdpa._FlashLse`)."""
+    "sdpa" backend's `sdpa._FlashLse` (grouped heads, a broadcast batch), though not than its
+    lean `sdpa._Flash` (`_lean_grad`)."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in (p.query, p.key, p.value))
+
+
+def _lean_grad(p: Problem) -> bool:
+    """Backend "sdpa" runs this causal call with a gradient through `sdpa._Flash`."""
+    from attnlab.ops import sdpa
+
+    return sdpa.lean_applies(p.query, p.key, p.value, True, p.scale)
 
 
 def on_device(p: Problem) -> bool:

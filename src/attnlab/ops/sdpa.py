@@ -37,6 +37,9 @@ def forward(p: Problem, *, need_lse: bool):
     if need_lse:
         return _flash_cpu(p, mask, is_causal)
     if _flash_for_grad(p):  # the same kernel as SDPA's, through a Function with a second order
+        if mask is None and lean_applies(p.query, p.key, p.value, is_causal, p.scale):
+            q, k, v = (fused_cpu.laid_out(x) for x in (p.query, p.key, p.value))
+            return flash(q, k, v, is_causal, p.scale), None
         return _flash_cpu(p, mask, is_causal)[0], None
     q, scale = fused_cpu.fold_scale(p.query, p.scale, is_causal)  # a scale <= 0 with causal
     out = F.scaled_dot_product_attention(
@@ -114,6 +117,59 @@ class _FlashLse(torch.autograd.Function):
         dq, dk, dv = fused_cpu.backward(dout, q, k, v, out, lse, scale=ctx.scale,
                                         attn_mask=mask, is_causal=ctx.is_causal, dlse=dlse)
         return dq, dk, dv, None, None, None
+
+
+def lean_applies(q, k, v, is_causal: bool, scale: float) -> bool:
+    """`_Flash` computes this call (no mask tensor, no lse): 4-D inputs of one batch and one
+    head count (no broadcast batch, no grouped heads) and a scale the kernel applies as it is
+    (`fused_cpu.fold_scale`: not <= 0 with causal)."""
+    return (q.dim() == k.dim() == v.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+            and (scale > 0 or not is_causal))
+
+
+_FWD = getattr(getattr(torch.ops.aten, fused_cpu.FWD, None), "default", None)
+_BWD = getattr(getattr(torch.ops.aten, fused_cpu.BWD, None), "default", None)
+
+
+class _Flash(torch.autograd.Function):
+    """The CPU flash kernel's out alone, for a call SDPA states exactly (no mask or top-left
+    causal, equal heads, no lse asked): `_FlashLse`'s forward and backward with nothing around
+    the two kernel calls (no row is empty, so the kernel's lse is the true one; no lse gradient
+    column), so a small call with a gradient costs about what SDPA's own autograd costs. A
+    backward asked for a graph recomputes on the math path, as `_FlashLse` does.
+
+    q (B, H, L, D), k, v (B, H, S, D), laid out as the kernel reads them (`fused_cpu.laid_out`).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal: bool, scale: float):
+        out, lse = _FWD(q, k, v, 0.0, is_causal, attn_mask=None, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)  # all a backward reads: hooks see it
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        if second_order.wanted():  # create_graph=True: the math path's gradients, by autograd
+            second_order.check('backend "sdpa"', (*q.shape[:3], k.shape[2]), q.element_size())
+            fwd = functools.partial(_math, None, ctx.is_causal, ctx.scale)
+            return (*second_order.grads(fwd, (q, k, v), dout, None), None, None)
+        dq, dk, dv = _BWD(fused_cpu.laid_out(dout), q, k, v, out, lse, 0.0,
+                                  ctx.is_causal, attn_mask=None, scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
+_APPLY = super(torch.autograd.Function, _Flash).apply  # autograd's own apply, in C
+_TRANSFORMS = torch._C._are_functorch_transforms_active
+
+
+def flash(q, k, v, is_causal: bool, scale: float):
+    """`_Flash.apply` (q, k, v as `_Flash` takes them): outside functorch's transforms (vmap,
+    grad) autograd's C apply directly, without `Function.apply`'s Python wrapping (3 µs)."""
+    if _TRANSFORMS():
+        return _Flash.apply(q, k, v, is_causal, scale)
+    return _APPLY(q, k, v, is_causal, scale)
 
 
 def _math(mask, is_causal: bool, scale: float, q, k, v):
