@@ -21,28 +21,27 @@ from attnlab.errors import (
     check_softcap,
     fmt_shape,
 )
+from attnlab.ops.problem import Dims
 
 PAD = 16  # csrc/interval.h: PAD
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@dataclass
-class Call:
-    """One checked call: sizes, the interval arrays and modifiers in the kernel's form."""
+@dataclass(frozen=True, kw_only=True)
+class Call(Dims):
+    """One checked call: the Dims of a (B, H, ·, ·) call (batch = (B,)), the interval arrays and
+    modifiers in the kernel's form."""
 
-    B: int
-    H: int
-    Hkv: int
-    L: int
-    S: int
-    D: int
-    Dv: int
     lo: torch.Tensor  # int32 (B|1, H|1, L), contiguous
     hi: torch.Tensor
     scale: float
     softcap: float  # 0.0: none
     slopes: torch.Tensor | None  # float32 (B|1, H), contiguous
     pos_off: int  # k_pos0 - q_pos0
+
+    @property
+    def B(self) -> int:
+        return self.batch[0]
 
     @property
     def empty(self) -> bool:
@@ -81,8 +80,8 @@ def check(q, k, v, lo, hi, *, scale, softcap=None, alibi=None, q_pos0=0, k_pos0=
     if abs(pos_off) + L + S >= 2**31:
         raise AttnlabError(f"q_pos0, k_pos0: positions must stay below 2**31, got {q_pos0}, "
                            f"{k_pos0}")
-    return Call(B, H, Hkv, L, S, D, v.shape[3] if values else 0, lo32, hi32, scale,
-                softcap or 0.0, slopes(alibi, B, H), pos_off)
+    return Call((B,), H, Hkv, L, S, D, v.shape[3] if values else 0, lo=lo32, hi=hi32, scale=scale,
+                softcap=softcap or 0.0, slopes=slopes(alibi, B, H), pos_off=pos_off)
 
 
 def check_outputs(c: Call, out, lse, dout, dlse) -> None:

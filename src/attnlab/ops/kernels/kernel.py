@@ -158,7 +158,7 @@ def _math(c: Call, q, k, v):
     the recomputation a double backward differentiates."""
     from attnlab.ops import scores
 
-    G = c.H // c.Hkv
+    G = c.groups
     qf, kf, vf = (x.to(torch.float32) for x in (q, k, v))
     if G > 1:
         kf = kf.repeat_interleave(G, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)

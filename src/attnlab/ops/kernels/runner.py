@@ -54,8 +54,9 @@ def _call(p: Problem, Dv: int) -> gate.Call:
     d = p.dims
     B = math.prod(d.batch)
     lo, hi = (_rows(x, d.batch, B) for x in intervals_of(p))  # (B|1, Hm, L)
-    return gate.Call(B, d.H, d.Hkv, d.L, d.S, d.D, Dv, lo, hi, p.scale, float(p.softcap or 0.0),
-                     gate.slopes(p.alibi_slopes, B, d.H), 0)
+    return gate.Call((B,), d.H, d.Hkv, d.L, d.S, d.D, Dv, lo=lo, hi=hi, scale=p.scale,
+                     softcap=float(p.softcap or 0.0), slopes=gate.slopes(p.alibi_slopes, B, d.H),
+                     pos_off=0)
 
 
 def _batched(x: torch.Tensor, d) -> torch.Tensor:

@@ -78,6 +78,20 @@ void set_rows(Problem& pr, const Tensor& lo, const Tensor& hi, int64_t L,
   pr.pos_off = (int)pos_off;
 }
 
+// what both entries read alike from q (B, H, ·, D), float32 rows already checked, and their keys
+// (B, Hkv, ...): the sizes B, H, D, Hkv and q's address and strides; the rest is each entry's own
+Problem from_q(const Tensor& q, const Tensor& k) {
+  Problem pr{};
+  pr.B = q.size(0);
+  pr.H = q.size(1);
+  pr.D = q.size(3);
+  pr.Hkv = k.size(1);
+  pr.q = q.data_ptr<float>();
+  pr.q_sb = q.stride(0);
+  pr.q_sh = q.stride(1);
+  return pr;
+}
+
 Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const Tensor& lo,
                      const Tensor& hi, const std::optional<Tensor>& slopes, double scale,
                      double softcap, int64_t pos_off, int64_t Dv) {
@@ -86,12 +100,8 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
   expect_rows(v, "v");
   TORCH_CHECK(q.scalar_type() == at::kFloat && kt.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "q, kt, v: expected float32");
-  Problem pr{};
-  pr.B = q.size(0);
-  pr.H = q.size(1);
+  Problem pr = from_q(q, kt);
   pr.L = q.size(2);
-  pr.D = q.size(3);
-  pr.Hkv = kt.size(1);
   pr.S = v.size(2);
   pr.Dv = Dv;
   pr.S16 = kt.size(2) * PAD;
@@ -103,11 +113,8 @@ Problem make_problem(const Tensor& q, const Tensor& kt, const Tensor& v, const T
               "v: expected (B, Hkv, S, Dv padded), got ", v.sizes());
   TORCH_CHECK(pr.Hkv > 0 && pr.H % pr.Hkv == 0, "H must be a multiple of Hkv");
   set_rows(pr, lo, hi, pr.L, slopes, scale, softcap, pos_off);
-  pr.q = q.data_ptr<float>();
   pr.kt = kt.data_ptr<float>();
   pr.v = v.data_ptr<float>();
-  pr.q_sb = q.stride(0);
-  pr.q_sh = q.stride(1);
   pr.v_sb = v.stride(0);
   pr.v_sh = v.stride(1);
   return pr;
@@ -266,11 +273,7 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   lse.scalar_type() == at::kFloat && idx.scalar_type() == at::kLong,
               "q, k, lse: expected float32; idx: int64");
-  Problem pr{};
-  pr.B = q.size(0);
-  pr.H = q.size(1);
-  pr.D = q.size(3);
-  pr.Hkv = k.size(1);
+  Problem pr = from_q(q, k);
   pr.S = k.size(2);
   pr.ldk = pr.D;
   const int64_t R = idx.size(0), L = lse.size(2);
@@ -298,9 +301,6 @@ Tensor weights(const Tensor& q, const Tensor& k, const Tensor& idx,
       entries += std::max(0, e - a);
     }
   }
-  pr.q = q.data_ptr<float>();
-  pr.q_sb = q.stride(0);
-  pr.q_sh = q.stride(1);
   pr.k = k.data_ptr<float>();
   pr.k_sb = k.stride(0);
   pr.k_sh = k.stride(1);
