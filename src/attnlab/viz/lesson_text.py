@@ -8,20 +8,16 @@ from attnlab.formats import pct, vec
 
 
 def _compare(s) -> list[str]:
-    lines = [f'query for "{s.query_token}" = {vec(s.query)}']
-    for r in s.rows:
-        lines.append(f'  key for {r.token!r:<10} = {vec(r.key):<8}  '
-                     f'score = {r.arithmetic}')
-    lines.append(f'Highest score: {s.best_match} (the best match, nothing borrowed yet).')
-    return lines
+    keys = [f'  key for {r.token!r:<10} = {vec(r.key):<8}  score = {r.arithmetic}' for r in s.rows]
+    return [f'query for "{s.query_token}" = {vec(s.query)}', *keys,
+            f'Highest score: {s.best_match} (the best match, nothing borrowed yet).']
 
 
 def _normalize(s) -> list[str]:
-    lines = [f'scores {vec(s.scores)}, total {s.total:g}']
-    lines.append("  divided by the total: " + ", ".join(pct(x) for x in s.divided))
-    lines.append("  softmax instead:      " + ", ".join(pct(x) for x in s.softmax))
-    lines.append(f'Problem: {s.problem}; softmax keeps every weight positive, summing to 100%.')
-    return lines
+    return [f'scores {vec(s.scores)}, total {s.total:g}',
+            "  divided by the total: " + ", ".join(pct(x) for x in s.divided),
+            "  softmax instead:      " + ", ".join(pct(x) for x in s.softmax),
+            f'Problem: {s.problem}; softmax keeps every weight positive, summing to 100%.']
 
 
 def _scale(s) -> list[str]:
@@ -35,12 +31,10 @@ def _scale(s) -> list[str]:
 
 
 def _borrow(s) -> list[str]:
-    lines = [f'value dims mean: {", ".join(s.value_meaning)}']
-    for sh in s.shares:
-        lines.append(f'  {pct(sh.weight)} of {sh.token:<8} value {vec(sh.value):<11}'
-                     f' -> {vec(sh.contribution)}')
-    lines.append(f'context vector for "it" = {vec(s.context)}  (mostly cat information)')
-    return lines
+    shares = [f'  {pct(sh.weight)} of {sh.token:<8} value {vec(sh.value):<11} -> '
+              f'{vec(sh.contribution)}' for sh in s.shares]
+    return [f'value dims mean: {", ".join(s.value_meaning)}', *shares,
+            f'context vector for "it" = {vec(s.context)}  (mostly cat information)']
 
 
 def _mask(s) -> list[str]:
