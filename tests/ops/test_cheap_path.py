@@ -159,3 +159,24 @@ def test_nonfinite_inputs_on_a_plan_with_a_gradient_follow_the_rules(causal, whe
     for a, b in zip(got, want):
         assert torch.equal(torch.isnan(a), torch.isnan(b))
         assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpas_own_node_gives_second_order_gradients_through_its_hook(causal):
+    from attnlab.ops import sdpa
+
+    q, k, v = (x.requires_grad_() for x in _qkv(L=4, S=4))
+    g = torch.randn(1, 2, 4, 8)
+    attnlab.attention(q, k, v, is_causal=causal)  # the plan
+    out = attnlab.attention(q, k, v, is_causal=causal)
+    assert type(out.grad_fn).__name__ == sdpa._NODE  # SDPA's node, no Function around it
+    ref = attnlab.attention(q, k, v, is_causal=causal, backend="math")
+    for _ in range(2):  # a kept graph differentiated twice: the hook's grads each time
+        got = torch.autograd.grad(out, (q, k, v), g, create_graph=True, retain_graph=True)
+        want = torch.autograd.grad(ref, (q, k, v), g, create_graph=True, retain_graph=True)
+        second = torch.autograd.grad(sum((x * x).sum() for x in got), (q, k, v),
+                                     retain_graph=True)
+        second_want = torch.autograd.grad(sum((x * x).sum() for x in want), (q, k, v),
+                                          retain_graph=True)
+        for a, b in zip((*got, *second), (*want, *second_want)):
+            assert (a - b).abs().max().item() < 1e-4

@@ -55,26 +55,30 @@ _KERNEL, _ISA = (b"ATTNLAB_KERNEL", b"ATTNLAB_KERNEL_ISA") if _ENV is not None e
 _ENV = os.environ if _ENV is None else _ENV
 
 
-def _tensor_sig(x):
-    return (type(x), x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
-
-
 def signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
               return_lse):
-    """The call's signature, or None when it has no cheap one (an input that is not a tensor:
-    the full path says what is wrong)."""
+    """The call's signature (one flat tuple: type, shape, strides, dtype, device and
+    requires_grad of query, key and value, then the scalars), or None when it has no cheap one
+    (an input that is not a tensor: the full path says what is wrong). An unhashable one (a
+    list as scale) finds no plan and keeps none."""
     try:
-        sig = (_tensor_sig(query), _tensor_sig(key), _tensor_sig(value), dropout_p, is_causal,
-               scale, enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(),
-               _ENV.get(_KERNEL), _ENV.get(_ISA))
-        hash(sig)
+        return (type(query), query.shape, query.stride(), query.dtype, query.device,
+                query.requires_grad, type(key), key.shape, key.stride(), key.dtype, key.device,
+                key.requires_grad, type(value), value.shape, value.stride(), value.dtype,
+                value.device, value.requires_grad, dropout_p, is_causal, scale, enable_gqa,
+                id(mask), softcap, return_lse, torch.is_grad_enabled(), _ENV.get(_KERNEL),
+                _ENV.get(_ISA))
     except (AttributeError, TypeError):
         return None
-    return sig
 
 
 def lookup(sig) -> Plan | None:
-    return None if sig is None else _PLANS.get(sig)
+    if sig is None:
+        return None
+    try:
+        return _PLANS.get(sig)
+    except TypeError:  # unhashable
+        return None
 
 
 def _sdpa_as_is(p: Problem, backend: str, need_lse: bool) -> tuple | None:
@@ -135,12 +139,16 @@ def _finite_with(ops):
 
 
 def _sum_finite(x: torch.Tensor) -> bool:
-    return math.isfinite(x.detach().sum().item())  # detached: no graph for the check
+    return math.isfinite((x.detach() if x.requires_grad else x).sum().item())  # no graph
 
 
 def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     """Keep the plan of a call that validated (its tensors dropped: no input is held alive)."""
     if sig is None:
+        return
+    try:
+        hash(sig)
+    except TypeError:
         return
     template = dataclasses.replace(p, query=None, key=None, value=None, finite=False)
     _PLANS[sig] = Plan(template, backend, mask, _sdpa_as_is(p, backend, need_lse),

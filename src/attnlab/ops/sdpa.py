@@ -164,12 +164,50 @@ _APPLY = super(torch.autograd.Function, _Flash).apply  # autograd's own apply, i
 _TRANSFORMS = torch._C._are_functorch_transforms_active
 
 
+#: the autograd node of PyTorch's CPU flash kernel (`F.scaled_dot_product_attention` with a
+#: gradient): its backward has no derivative, which `_twice` supplies
+_NODE = "ScaledDotProductFlashAttentionForCpuBackward0"
+
+
 def flash(q, k, v, is_causal: bool, scale: float):
-    """`_Flash.apply` (q, k, v as `_Flash` takes them): outside functorch's transforms (vmap,
-    grad) autograd's C apply directly, without `Function.apply`'s Python wrapping (3 µs)."""
+    """out of a call `_Flash` takes (q, k, v as it takes them), with SDPA's own autograd node:
+    F.scaled_dot_product_attention as it is, its node given a pre-hook (`_twice`) that, only
+    for a backward asked to build a graph, hands the node's gradients over to the math path's
+    recomputation; a first-order backward is SDPA's alone (no Python Function around it). Where
+    this PyTorch runs SDPA on another node, `_Flash` (outside functorch's transforms through
+    autograd's C apply, without `Function.apply`'s Python wrapping)."""
+    out = F.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale)
+    node = out.grad_fn
+    if node is None:
+        return out
+    if type(node).__name__ == _NODE:
+        node.register_prehook(_twice)
+        return out
     if _TRANSFORMS():
         return _Flash.apply(q, k, v, is_causal, scale)
     return _APPLY(q, k, v, is_causal, scale)
+
+
+def _twice(grad_outputs):
+    """Pre-hook of SDPA's flash node (`flash`): in a backward asked to build a graph
+    (create_graph=True), the gradients of the math path's recomputation from the node's saved
+    inputs replace the node's own (a post-hook added here, used once); else nothing."""
+    if not second_order.wanted():
+        return None
+    node = torch._C._current_autograd_node()
+    q, k, v = node._saved_query, node._saved_key, node._saved_value  # through saved-tensor hooks
+    scale = node._saved_scale
+    scale = q.shape[-1] ** -0.5 if scale is None else scale  # SDPA's default
+    second_order.check('backend "sdpa"', (*q.shape[:3], k.shape[2]), q.element_size())
+    fwd = functools.partial(_math, None, node._saved_is_causal, scale)
+    box = [second_order.grads(fwd, (q, k, v), grad_outputs[0], None)]
+
+    def replace(grad_inputs, _):  # once: a graph kept for another backward runs _twice again
+        got, box[0] = box[0], None
+        return got
+
+    node.register_hook(replace)
+    return None
 
 
 def _math(mask, is_causal: bool, scale: float, q, k, v):
