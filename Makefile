@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: setup kernel kernel-all demo test lint docs clean chromium mutate gpu-check
+.PHONY: setup kernel kernel-all demo test test-fast wheel lint docs clean chromium mutate gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,9 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks docs/hooks
 
 # the documentation site, offline, in build/site; --strict: a broken link or reference fails.
-# The CLI reference and the command outputs on the Learn pages are generated while it builds.
-docs: setup
+# The CLI reference, the command outputs on the Learn pages, the real explorable and view pages
+# and the pictures of them (headless chromium) are generated while it builds.
+docs: setup chromium
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # the browser tests drive Debian's chromium: installed here when missing and we are root
@@ -51,8 +52,18 @@ chromium:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
 
-test: lint docs chromium kernel-all
+test: lint chromium docs kernel-all
 	$(BIN)/pytest
+
+# day-to-day: the suite without the tests marked slow (CI runs everything, `make test`)
+test-fast: setup kernel-all
+	$(BIN)/pytest -m "not slow"
+
+# a platform wheel in dist/ with the compiled kernel inside: the avx512, avx2 and scalar builds
+# for this torch, loaded by run-time ISA detection and hash-checked; another torch builds on first
+# use as without it (tools/build_wheel.py; run it on an AVX-512 CPU, which runs all three)
+wheel: kernel-all
+	$(BIN)/python tools/build_wheel.py --out dist
 
 # mutation testing, not part of `make test`: per-module kill rates (docs/reliability.md, "Mutation testing").
 # MUTATE_ARGS passes options on, e.g. MUTATE_ARGS="ops --sample 10 --budget 40"
@@ -68,4 +79,4 @@ gpu-check: setup
 	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) build mutants .cache *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist mutants .cache *.egg-info src/*.egg-info .pytest_cache .ruff_cache
