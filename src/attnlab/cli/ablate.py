@@ -17,13 +17,12 @@ loss on each copy; and every head's effect on both.
 
 from __future__ import annotations
 
-import argparse
-
 from attnlab.cli.options import (
     add_model,
     add_threads,
     check_output,
     check_text,
+    command,
     open_model,
     print_result,
 )
@@ -33,8 +32,7 @@ MEASURE_HELP = ("cosine or similarity (an encoder; default cosine), logprob, log
 
 
 def add_parser(sub):
-    p = sub.add_parser("ablate", help="ablate every head in turn: what each one matters for",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "ablate", __doc__, help="ablate every head in turn: what each one matters for")
     p.add_argument("text", metavar="TEXT", nargs="?", default=None,
                    help="the text to run the model on")
     p.add_argument("--token", metavar="WORD", default=None,

@@ -14,6 +14,7 @@ import sys
 
 from attnlab.cli.options import (
     add_model,
+    add_text,
     add_threads,
     check_text,
     open_model,
@@ -25,7 +26,7 @@ from attnlab.cli.options import (
 def add_parser(sub):
     p = sub.add_parser("explain", help="explain what one token borrows in a real model",
                        description=__doc__)
-    p.add_argument("text", help="the text to run the model on")
+    add_text(p)
     p.add_argument("--token", required=True, metavar="WORD",
                    help="the word to explain (or its token index; split words are found too)")
     add_model(p)

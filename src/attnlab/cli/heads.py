@@ -10,7 +10,6 @@ Definitions: `attnlab.explain.head_statistics`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -21,6 +20,7 @@ from attnlab.cli.options import (
     check_choice,
     check_output,
     check_text,
+    command,
     open_model,
     read_lines,
     run_text,
@@ -28,8 +28,7 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = sub.add_parser("heads", help="statistics and a label for every head of a model",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "heads", __doc__, help="statistics and a label for every head of a model")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to run the model on")
     p.add_argument("--file", metavar="FILE",
                    help="more texts, one per non-empty line (default: none)")

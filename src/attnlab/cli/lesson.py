@@ -8,12 +8,11 @@ every percentage recomputed live): `attnlab lesson --html -o lesson.html`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from attnlab.cli.options import add_model, check_choice, check_text, open_model, run_text
+from attnlab.cli.options import add_model, check_choice, check_text, command, open_model, run_text
 
 #: the lesson's steps, as `attnlab.explain.lesson_sections.SECTIONS` names them (a test holds
 #: the two together; `--help` imports no numpy)
@@ -24,8 +23,7 @@ TEXT = "The cat sat on the mat because it was tired."
 
 
 def add_parser(sub):
-    p = sub.add_parser("lesson", help="replay the attention lesson with computed numbers",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "lesson", __doc__, help="replay the attention lesson with computed numbers")
     p.add_argument("--json", action="store_true", help="print the same content as JSON")
     p.add_argument("--section", metavar="NAME",
                    help="show one section only (default: all): " + SECTION_NAMES + ", " + PAST +

@@ -146,3 +146,15 @@ def add_alias(p, old: str, new_action) -> None:
     p.add_argument(old, dest=new_action.dest, metavar=new_action.metavar, type=new_action.type,
                    nargs=new_action.nargs, action=_Deprecated, new=new_action.option_strings[-1],
                    help=argparse.SUPPRESS)
+
+
+def command(sub, name: str, doc: str | None, help: str, **kw):
+    """The parser of one `attnlab NAME` command: its one-line help in the command list, its
+    module docstring as the description, kept as written (line breaks and examples)."""
+    return sub.add_parser(name, help=help, description=doc,
+                          formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
+
+def add_text(p, help: str = "the text to run the model on", **kw) -> None:
+    """The TEXT positional of the commands that run a model on a text."""
+    p.add_argument("text", help=help, **kw)

@@ -9,15 +9,12 @@ representation to the clean run's. CLEAN and CORRUPT must have as many tokens.
 
 from __future__ import annotations
 
-import argparse
-
 from attnlab.cli.ablate import add_common, check_common, show
-from attnlab.cli.options import check_text, open_model
+from attnlab.cli.options import check_text, command, open_model
 
 
 def add_parser(sub):
-    p = sub.add_parser("patch", help="patch each head from a clean run into a corrupted one",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "patch", __doc__, help="patch each head from a clean run into a corrupted one")
     p.add_argument("clean", metavar="CLEAN", help="the text whose run the heads are taken from")
     p.add_argument("corrupt", metavar="CORRUPT", help="the text run with one head patched")
     p.add_argument("--token", metavar="WORD", default=None,

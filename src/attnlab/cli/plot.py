@@ -10,7 +10,6 @@ first and second copy where the run recorded them).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from attnlab.cli.options import (
@@ -20,13 +19,13 @@ from attnlab.cli.options import (
     add_threads,
     check_output,
     check_text,
+    command,
     run_text,
 )
 
 
 def add_parser(sub):
-    p = sub.add_parser("plot", help="draw a model's attention on a text as PNG or SVG",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "plot", __doc__, help="draw a model's attention on a text as PNG or SVG")
     p.add_argument("text", nargs="?",
                    help="the text to run the model on (none: with --stat, --model is a run "
                    "directory holding heads.jsonl)")

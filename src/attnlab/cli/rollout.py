@@ -8,22 +8,22 @@ per input token that sums to 100%. `-o FILE.png|.svg` draws both as bars.
 
 from __future__ import annotations
 
-import argparse
-
 from attnlab.cli.options import (
     add_model,
+    add_text,
     add_threads,
     check_output,
     check_text,
+    command,
     print_result,
     run_text,
 )
 
 
 def add_parser(sub):
-    p = sub.add_parser("rollout", help="where a token's information came from (rollout, flow)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text", help="the text to run the model on")
+    p = command(sub, "rollout", __doc__,
+                help="where a token's information came from (rollout, flow)")
+    add_text(p)
     p.add_argument("--token", required=True, metavar="WORD",
                    help="the word (or token index) to trace back")
     add_model(p)

@@ -6,17 +6,15 @@ once and stay loaded. Stop with Ctrl-C.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from attnlab.cli.options import add_threads
+from attnlab.cli.options import add_threads, command
 
 
 def add_parser(sub):
     from attnlab.viz.app_server import MAX_CHARS, MAX_TOKENS
 
-    p = sub.add_parser("serve", help="run the local web app (loopback only by default)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "serve", __doc__, help="run the local web app (loopback only by default)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free one)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; anything else exposes the app)")

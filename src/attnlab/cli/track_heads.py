@@ -14,14 +14,11 @@ finished run without training.
 
 from __future__ import annotations
 
-import argparse
-
-from attnlab.cli.options import add_threads
+from attnlab.cli.options import add_threads, command
 
 
 def add_parser(sub):
-    p = sub.add_parser("track-heads", help="train a small GPT and record its heads forming",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "track-heads", __doc__, help="train a small GPT and record its heads forming")
     p.add_argument("--out", default="runs/induction", metavar="DIR",
                    help="run directory (default: runs/induction)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",

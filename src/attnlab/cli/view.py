@@ -10,13 +10,13 @@ has it, else its first word), that token pinned, with its percentages beside the
 
 from __future__ import annotations
 
-import argparse
-
 from attnlab.cli.options import (
     add_model,
+    add_text,
     add_threads,
     check_output,
     check_text,
+    command,
     open_model,
     run_text,
     vocabulary_notes,
@@ -24,9 +24,9 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = sub.add_parser("view", help="write an offline, interactive HTML page of the attention",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text", help="the text to run the model on")
+    p = command(sub, "view", __doc__,
+                help="write an offline, interactive HTML page of the attention")
+    add_text(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE.html",
                    help="where to write the page")
     p.add_argument("--token", metavar="WORD",
