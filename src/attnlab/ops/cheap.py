@@ -151,10 +151,26 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     except TypeError:
         return
     template = dataclasses.replace(p, query=None, key=None, value=None, finite=False)
-    _PLANS[sig] = Plan(template, backend, mask, _sdpa_as_is(p, backend, need_lse),
-                       _finite_with(build.loaded()))
+    how = _sdpa_as_is(p, backend, need_lse)
+    _PLANS[sig] = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
+
+
+_LOAD_TRIED = [False]
+
+
+def _ops(checks: bool):
+    """The kernel's ops for a plan's NaN/Inf check: the loaded build, or, once per process for
+    a plan whose every call checks its inputs (a plain SDPA call, which never loads the
+    kernel), the chosen build when it is there to load without compiling (in the wheel or the
+    cache); else None (the checks then sum)."""
+    ops = build.loaded()
+    if ops is None and checks and not _LOAD_TRIED[0]:
+        _LOAD_TRIED[0] = True
+        if build.status().built:
+            ops = build.get()
+    return ops
 
 
 def problem(plan: Plan, query, key, value) -> Problem:
