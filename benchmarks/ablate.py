@@ -18,12 +18,12 @@ the plain batch 438, the loop 432.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
+
+from attnlab.bench.timing import interleaved_medians
 
 SENTENCE = "The cat sat on the mat because it was tired."  # 13 tokens with [CLS] and [SEP]
 
@@ -55,17 +55,6 @@ def steps(loaded):
     }
 
 
-def measure(fns: dict, repeats: int) -> dict:
-    for fn in fns.values():
-        fn()  # warm-up
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,7 +77,7 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)
             with torch.no_grad():
                 L, fns = steps(loaded)
-                t = measure(fns, args.repeats)
+                t = interleaved_medians(fns, args.repeats)
             for name, sec in t.items():
                 print(f"| {threads} | {L} | {name} | {sec * 1e3:.1f} | "
                       f"{sec / t['forward']:.1f} |")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
+from attnlab.bench.timing import interleaved_medians
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,18 +48,6 @@ class Case:
         return 2 * self.S * self.Hkv * self.D * DTYPES[self.dtype].itemsize
 
 
-def interleaved(steps: dict, repeats: int) -> dict:
-    """Median seconds per call of each step, the steps timed in turn in each repeat."""
-    for fn in steps.values():
-        fn()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
-
 
 def measure(c: Case, repeats: int, sdpa: bool) -> dict:
     dt = DTYPES[c.dtype]
@@ -72,7 +60,7 @@ def measure(c: Case, repeats: int, sdpa: bool) -> dict:
     if sdpa:
         steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     choice = attnlab.select_backend(q, k, v, enable_gqa=True).backend
-    return {**interleaved(steps, repeats), "backend": choice}
+    return {**interleaved_medians(steps, repeats), "backend": choice}
 
 
 @contextlib.contextmanager

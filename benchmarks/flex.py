@@ -21,7 +21,6 @@ only they mean anything.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab import masks
+from attnlab.bench.timing import interleaved_medians
 from attnlab.flex import create_block_mask, flex_attention
 
 
@@ -46,18 +46,6 @@ class Config:
     repeats: int
     threads: int
 
-
-def medians(steps: dict, repeats: int) -> dict:
-    """Median seconds of each step, timed in turn within each repeat, after one warm-up each."""
-    for fn in steps.values():
-        fn()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def cases(cfg: Config):
@@ -114,7 +102,7 @@ def run_case(cfg: Config, compiled, q, k, v, name, fn, builtin, dense):
                 f()
         return step
 
-    fwd = medians({
+    fwd = interleaved_medians({
         "flex": nograd(lambda: flex_attention(q, k, v, block_mask=bm)),
         "builtin": nograd(lambda: attnlab.attention(q, k, v, mask=builtin)),
         "compiled": nograd(lambda: compiled(q, k, v, block_mask=bm)),
@@ -127,7 +115,7 @@ def run_case(cfg: Config, compiled, q, k, v, name, fn, builtin, dense):
     def train_sdpa():
         F.scaled_dot_product_attention(*xs, attn_mask=dense).sum().backward()
 
-    both = medians({"flex": train_flex, "sdpa": train_sdpa}, cfg.repeats)
+    both = interleaved_medians({"flex": train_flex, "sdpa": train_sdpa}, cfg.repeats)
     return name, fwd, both, made, convert, compile_s
 
 
@@ -162,7 +150,7 @@ def run_mods(cfg: Config):
         plain = Adapted(mod, score=True)  # an Adapted is never fused: the per-chunk path
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t = medians({
+            t = interleaved_medians({
                 "fused": lambda mod=mod: flex_attention(q, k, v, score_mod=mod, block_mask=bm),
                 "chunks": lambda p=plain: flex_attention(q, k, v, score_mod=p, block_mask=bm),
                 "compiled": lambda mod=mod: compiled(q, k, v, score_mod=mod, block_mask=bm),

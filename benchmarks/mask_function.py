@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 
 import attnlab
 from attnlab import masks
+from attnlab.bench.timing import interleaved_medians
 
 
 @dataclass(frozen=True)
@@ -37,20 +37,6 @@ class Config:
     repeats: int
     threads: int
 
-
-def interleaved_medians(steps: dict, repeats: int) -> dict:
-    """Median seconds of each step, the steps timed in turn within each repeat (a busy machine's
-    load then falls on all of them alike); one untimed warm-up call each first (it also fills
-    the function mask's caches)."""
-    for fn in steps.values():
-        fn()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def with_kernel(flag: str, fn):

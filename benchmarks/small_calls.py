@@ -19,7 +19,6 @@ processes' time slices (meaningful for one thread: a helper thread's time is not
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -27,28 +26,13 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
+from attnlab.bench.timing import interleaved_medians
 
 BURST = 10  # calls of one step in a row: the same layer called again, caches warm
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
-
-def interleaved(steps: dict, repeats: int, clock=time.perf_counter) -> dict:
-    """Median seconds per call of each step: in each repeat every step runs BURST calls in a
-    row, timed together, the steps in turn (a busy machine's load falls on all alike); a few
-    untimed warm-up calls each first."""
-    for fn in steps.values():
-        for _ in range(5):
-            fn()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            t0 = clock()
-            for _ in range(BURST):
-                fn()
-            times[name].append((clock() - t0) / BURST)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def steps(L: int, H: int, D: int, causal: bool = True) -> dict:
@@ -80,7 +64,8 @@ def table(lengths, threads, H: int, D: int, repeats: int, masks=("causal",),
             torch.set_num_threads(t)
             for mask in masks:
                 for L in lengths:
-                    m = interleaved(steps(L, H, D, mask == "causal"), repeats, clock)
+                    m = interleaved_medians(steps(L, H, D, mask == "causal"), repeats,
+                                            warmup=5, burst=BURST, clock=clock)
                     a, s = m["attnlab fwd"] * 1e6, m["sdpa fwd"] * 1e6
                     ab, sb = m["attnlab fwd+bwd"] * 1e6, m["sdpa fwd+bwd"] * 1e6
                     rows.append(f"| {t} | {mask} | {L} | {a:.1f} | {s:.1f} | {s / a:.2f} | "
