@@ -10,9 +10,15 @@ when that is a file, else a.b. An import of a package counts as its __init__.py.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+try:
+    from import_graph import sccs  # the one circle finder (tools/import_graph.py)
+finally:
+    sys.path.pop(0)
 AREAS = ("src", "tests", "benchmarks", "docs/hooks")
 
 
@@ -70,56 +76,14 @@ def imports_of(f: Path) -> set[Path]:
     return found
 
 
-def cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
-    """The strongly connected components of more than one file (Tarjan's algorithm, iterative)."""
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
-    for start in graph:
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = counter[0]
-        counter[0] += 1
-        stack.append(start)
-        on.add(start)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in graph:
-                    continue
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
-    return out
-
-
 def test_the_finder_finds_a_circle(tmp_path):
     a, b, c = (tmp_path / f"{n}.py" for n in "abc")
     a.write_text("def f():\n    import b\n")
     b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from c import x\n")
     c.write_text("import a\n")
     graph = {f: {tmp_path / f"{n}.py" for n in _names(f)} for f in (a, b, c)}
-    assert cycles(graph) == [sorted([a, b, c])]
-    assert cycles({a: set(), b: {a}, c: {a, b}}) == []
+    assert sccs(graph) == [sorted([a, b, c])]
+    assert sccs({a: set(), b: {a}, c: {a, b}}) == []
 
 
 def _names(f: Path) -> list[str]:
@@ -138,6 +102,6 @@ def test_benchmark_siblings_resolve():
 
 def test_no_import_circle_anywhere():
     graph = {f: imports_of(f) for f in _files()}
-    found = cycles(graph)
+    found = sccs(graph)
     assert not found, "import circles:\n" + "\n".join(
         " -> ".join(str(p.relative_to(ROOT)) for p in comp) for comp in found)
