@@ -30,9 +30,12 @@ def _one_line_error(capsys, args, message):
 @pytest.mark.parametrize("args", [
     ["heads", NOT_UTF8],
     ["rollout", NOT_UTF8, "--token", "x"],
+    ["rollout", "the cat", "--token", NOT_UTF8],
     ["view", NOT_UTF8, "-o", "page.html"],
+    ["view", "the cat", "-o", "page.html", "--token", NOT_UTF8],
     ["explain", NOT_UTF8, "--token", "x"],
     ["explain", "the cat", "--token", NOT_UTF8],
+    ["explain", "the cat", "--token", "x", "--target", NOT_UTF8],
     ["plot", NOT_UTF8, "-o", "x.png"],
 ])
 def test_a_text_that_is_not_utf8_is_one_line(capsys, no_model, tmp_path, monkeypatch, args):

@@ -32,7 +32,7 @@ MEASURE_HELP = ("cosine or similarity (an encoder; default cosine), logprob, log
 
 
 def add_parser(sub):
-    p = command(sub, "ablate", __doc__, help="ablate every head in turn: what each one matters for")
+    p = command(sub, "ablate", __doc__, "ablate every head in turn: what each one matters for")
     p.add_argument("text", metavar="TEXT", nargs="?", default=None,
                    help="the text to run the model on")
     p.add_argument("--token", metavar="WORD", default=None,

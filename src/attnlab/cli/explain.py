@@ -13,10 +13,9 @@ import json
 import sys
 
 from attnlab.cli.options import (
-    add_model,
-    add_text,
+    add_text_token,
     add_threads,
-    check_text,
+    check_words,
     open_model,
     run_text,
     vocabulary_notes,
@@ -26,10 +25,7 @@ from attnlab.cli.options import (
 def add_parser(sub):
     p = sub.add_parser("explain", help="explain what one token borrows in a real model",
                        description=__doc__)
-    add_text(p)
-    p.add_argument("--token", required=True, metavar="WORD",
-                   help="the word to explain (or its token index; split words are found too)")
-    add_model(p)
+    add_text_token(p, "the word to explain (or its token index; split words are found too)")
     p.add_argument("--target", metavar="WORD",
                    help="detail the head that borrows most from WORD (default: the top-ranked "
                    "head)")
@@ -46,14 +42,6 @@ def add_parser(sub):
                    help="text only, no coloured bars/heatmaps (the default when not a terminal)")
     add_threads(p)
     return p
-
-
-def check_words(args) -> None:
-    """TEXT, --token and --target as UTF-8 text (checked before the model loads)."""
-    check_text("TEXT", args.text)
-    check_text("--token", args.token)
-    if getattr(args, "target", None) is not None:
-        check_text("--target", args.target)
 
 
 def run(args) -> int:

@@ -28,7 +28,7 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = command(sub, "heads", __doc__, help="statistics and a label for every head of a model")
+    p = command(sub, "heads", __doc__, "statistics and a label for every head of a model")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to run the model on")
     p.add_argument("--file", metavar="FILE",
                    help="more texts, one per non-empty line (default: none)")

@@ -23,7 +23,7 @@ TEXT = "The cat sat on the mat because it was tired."
 
 
 def add_parser(sub):
-    p = command(sub, "lesson", __doc__, help="replay the attention lesson with computed numbers")
+    p = command(sub, "lesson", __doc__, "replay the attention lesson with computed numbers")
     p.add_argument("--json", action="store_true", help="print the same content as JSON")
     p.add_argument("--section", metavar="NAME",
                    help="show one section only (default: all): " + SECTION_NAMES + ", " + PAST +

@@ -4,6 +4,7 @@ quiet → load → run.
 
     add_model(p)                         # --model PATH, default: the packaged all-MiniLM-L6-v2
     check_text("TEXT", args.text)        # one-line error for text that is not UTF-8
+    check_words(args)                    # the same for TEXT, --token, --target where given
     out = check_output("-o", args.output, (".png", ".svg"))
     loaded = open_model(args.model)      # transformers quiet, the model loaded (cached)
     att = run_text(loaded, args.text)    # every layer's and head's attention on the text
@@ -158,3 +159,19 @@ def command(sub, name: str, doc: str | None, help: str, **kw):
 def add_text(p, help: str = "the text to run the model on", **kw) -> None:
     """The TEXT positional of the commands that run a model on a text."""
     p.add_argument("text", help=help, **kw)
+
+
+def add_text_token(p, token_help: str) -> None:
+    """TEXT, `--token WORD` (required) and `--model`, in that order: the opening of the commands
+    that follow one token of a text through a model (explain, rollout)."""
+    add_text(p)
+    p.add_argument("--token", required=True, metavar="WORD", help=token_help)
+    add_model(p)
+
+
+def check_words(args) -> None:
+    """TEXT, --token and --target, those the command has and was given, as UTF-8 text (checked
+    before the model loads)."""
+    for name, dest in (("TEXT", "text"), ("--token", "token"), ("--target", "target")):
+        if getattr(args, dest, None) is not None:
+            check_text(name, getattr(args, dest))

@@ -14,7 +14,7 @@ from attnlab.cli.options import check_text, command, open_model
 
 
 def add_parser(sub):
-    p = command(sub, "patch", __doc__, help="patch each head from a clean run into a corrupted one")
+    p = command(sub, "patch", __doc__, "patch each head from a clean run into a corrupted one")
     p.add_argument("clean", metavar="CLEAN", help="the text whose run the heads are taken from")
     p.add_argument("corrupt", metavar="CORRUPT", help="the text run with one head patched")
     p.add_argument("--token", metavar="WORD", default=None,

@@ -25,7 +25,7 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = command(sub, "plot", __doc__, help="draw a model's attention on a text as PNG or SVG")
+    p = command(sub, "plot", __doc__, "draw a model's attention on a text as PNG or SVG")
     p.add_argument("text", nargs="?",
                    help="the text to run the model on (none: with --stat, --model is a run "
                    "directory holding heads.jsonl)")

@@ -9,11 +9,10 @@ per input token that sums to 100%. `-o FILE.png|.svg` draws both as bars.
 from __future__ import annotations
 
 from attnlab.cli.options import (
-    add_model,
-    add_text,
+    add_text_token,
     add_threads,
     check_output,
-    check_text,
+    check_words,
     command,
     print_result,
     run_text,
@@ -21,12 +20,8 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = command(sub, "rollout", __doc__,
-                help="where a token's information came from (rollout, flow)")
-    add_text(p)
-    p.add_argument("--token", required=True, metavar="WORD",
-                   help="the word (or token index) to trace back")
-    add_model(p)
+    p = command(sub, "rollout", __doc__, "where a token's information came from (rollout, flow)")
+    add_text_token(p, "the word (or token index) to trace back")
     p.add_argument("--heads", default="mean", metavar="H[,H...]",
                    help="average these heads of every layer (0-based, negative counts from the "
                    "last; default: all)")
@@ -50,13 +45,11 @@ def _heads(spec: str):
 
 
 def run(args) -> int:
-
     from attnlab.explain.attention_flow import token_sources
     from attnlab.viz.explain_text import render_sources
 
     heads = _heads(args.heads)
-    check_text("TEXT", args.text)
-    check_text("--token", args.token)
+    check_words(args)
     if args.output:
         check_output("-o", args.output, (".png", ".svg"))
     att = run_text(args.model, args.text)

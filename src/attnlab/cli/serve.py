@@ -14,7 +14,7 @@ from attnlab.cli.options import add_threads, command
 def add_parser(sub):
     from attnlab.viz.app_server import MAX_CHARS, MAX_TOKENS
 
-    p = command(sub, "serve", __doc__, help="run the local web app (loopback only by default)")
+    p = command(sub, "serve", __doc__, "run the local web app (loopback only by default)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free one)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; anything else exposes the app)")

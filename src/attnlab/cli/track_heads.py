@@ -18,7 +18,7 @@ from attnlab.cli.options import add_threads, command
 
 
 def add_parser(sub):
-    p = command(sub, "track-heads", __doc__, help="train a small GPT and record its heads forming")
+    p = command(sub, "track-heads", __doc__, "train a small GPT and record its heads forming")
     p.add_argument("--out", default="runs/induction", metavar="DIR",
                    help="run directory (default: runs/induction)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",

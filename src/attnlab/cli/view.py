@@ -15,7 +15,7 @@ from attnlab.cli.options import (
     add_text,
     add_threads,
     check_output,
-    check_text,
+    check_words,
     command,
     open_model,
     run_text,
@@ -24,8 +24,7 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = command(sub, "view", __doc__,
-                help="write an offline, interactive HTML page of the attention")
+    p = command(sub, "view", __doc__, "write an offline, interactive HTML page of the attention")
     add_text(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE.html",
                    help="where to write the page")
@@ -42,9 +41,7 @@ def run(args) -> int:
     from attnlab.explain.page_payload import opening
     from attnlab.viz.page import write_page
 
-    check_text("TEXT", args.text)
-    if args.token is not None:
-        check_text("--token", args.token)
+    check_words(args)
     out = check_output("-o", args.output, (".html", ".htm"))
     loaded = open_model(args.model)
     ma = run_text(loaded, args.text)
