@@ -1,14 +1,17 @@
-"""What the commands that run a model share: the `--model` option, the checks of their text and
-output arguments (made before the model loads: loading and running take seconds), and the opening
-quiet → load → run.
+"""What the commands share: the `--model` option, the checks of their text and output arguments
+(made before the model loads: loading and running take seconds), the opening quiet → load → run,
+and the options that override a training preset's settings (train, track-heads).
 
     add_model(p)                         # --model PATH, default: the packaged all-MiniLM-L6-v2
+    add_text_token(p, "the word to ...")  # TEXT, --token WORD, --model
     check_text("TEXT", args.text)        # one-line error for text that is not UTF-8
     check_words(args)                    # the same for TEXT, --token, --target where given
     out = check_output("-o", args.output, (".png", ".svg"))
     loaded = open_model(args.model)      # transformers quiet, the model loaded (cached)
     att = run_text(loaded, args.text)    # every layer's and head's attention on the text
     att = run_text(args.model, args.text)  # the same, loading on the way
+    add_preset_setting(p, "--seed", "S", "seed of ...")  # default None: the preset's
+    Trainer.start(preset, **preset_settings(args))      # {"seed": 3} for those given
 
 Imports of the library happen inside the functions: `attnlab --help` builds every parser without
 loading numpy or torch.
@@ -127,6 +130,30 @@ THREADS_HELP = ("torch threads for this command (default 1: on a machine shared 
 def add_threads(p, *, help: str = THREADS_HELP):
     """Add `--threads N` (default 1); `attnlab.cli.main` applies it before the command runs."""
     return p.add_argument("--threads", type=int, default=1, metavar="N", help=help)
+
+
+#: the settings of a training preset (TrainConfig; --dropout: the model's) that `attnlab train`
+#: and `attnlab track-heads` let the command line override, by option, with the type each takes
+PRESET_SETTINGS = {"--max-steps": int, "--seed": int, "--batch-size": int, "--eval-interval": int,
+                   "--lr": float, "--min-lr": float, "--warmup-steps": int, "--dropout": float,
+                   "--repeat-prob": float}
+
+
+def add_preset_setting(p, flag: str, metavar: str | None, help: str):
+    """Add `flag` (one of PRESET_SETTINGS), overriding the preset's setting of that name
+    (`--max-steps`: max_steps): default None, which leaves the preset's value; a `help` that does
+    not say its default ends with "(default: the preset's)"."""
+    if "default" not in help:
+        help = f"{help} (default: the preset's)"
+    return p.add_argument(flag, type=PRESET_SETTINGS[flag], default=None, metavar=metavar,
+                          help=help)
+
+
+def preset_settings(args, *flags: str) -> dict:
+    """{setting: value} of the `flags` (PRESET_SETTINGS; all of them when none are named) that
+    the command line gave; those it left out keep the preset's values."""
+    dests = [f[2:].replace("-", "_") for f in flags or PRESET_SETTINGS]
+    return {d: getattr(args, d) for d in dests if getattr(args, d, None) is not None}
 
 
 class _Deprecated(argparse.Action):

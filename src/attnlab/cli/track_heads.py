@@ -14,25 +14,21 @@ finished run without training.
 
 from __future__ import annotations
 
-from attnlab.cli.options import add_threads, command
+from attnlab.cli.options import add_preset_setting, add_threads, command, preset_settings
 
 
 def add_parser(sub):
     p = command(sub, "track-heads", __doc__, "train a small GPT and record its heads forming")
     p.add_argument("--out", default="runs/induction", metavar="DIR",
                    help="run directory (default: runs/induction)")
-    p.add_argument("--max-steps", type=int, default=None, metavar="N",
-                   help="train N steps (default: the preset's 1500)")
+    add_preset_setting(p, "--max-steps", "N", "train N steps (default: the preset's 1500)")
     p.add_argument("--every", type=int, default=25, metavar="K",
                    help="evaluate the heads every K steps (default 25)")
     p.add_argument("--probe", type=int, default=32, metavar="N",
                    help="random tokens in each half of the probe (default 32)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="seed of the weights and batch order, as in attnlab train (default: the "
-                   "preset's)")
-    p.add_argument("--repeat-prob", type=float, default=None, metavar="P",
-                   help="share of training windows that repeat a stretch of their text (default: "
-                   "the preset's 0.5; 0 for the plain corpus)")
+    add_preset_setting(p, "--seed", "S", "seed of the weights and batch order, as in attnlab train")
+    add_preset_setting(p, "--repeat-prob", "P", "share of training windows that repeat a stretch "
+                       "of their text (default: the preset's 0.5; 0 for the plain corpus)")
     p.add_argument("--stat", default="induction", metavar="STAT",
                    help="the statistic to draw (default: induction)")
     p.add_argument("-o", "--output", metavar="FIG",
@@ -57,9 +53,7 @@ def run(args) -> int:
     if not args.plot_only:
         from attnlab.models import Trainer
 
-        given = {"max_steps": args.max_steps, "seed": args.seed, "repeat_prob": args.repeat_prob}
-        train = {k: v for k, v in given.items() if v is not None}
-        trainer = Trainer.start("induction", out=args.out, **train)
+        trainer = Trainer.start("induction", out=args.out, **preset_settings(args))
         path = track_heads(trainer, every=args.every, probe_n=args.probe)
         lines = read_heads(path)
         s = induction_summary(lines)

@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from attnlab.cli.options import add_preset_setting, add_threads, preset_settings
+
 #: the most threads, and local processes, one `attnlab train` starts
 MAX_LOCAL = 1024
 
@@ -17,32 +19,24 @@ def add_parser(sub):
                        description=__doc__)
     p.add_argument("--preset", default="tiny",
                    help="model and training preset: tiny (default), tiny-gqa, small, induction")
-    p.add_argument("--max-steps", type=int, default=None, metavar="N",
-                   help="train until step N (default: the preset's)")
+    add_preset_setting(p, "--max-steps", "N", "train until step N")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="checkpoint directory (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run checkpointed in --out (under any --dp/--cp)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed for weights and batch order (default: the preset's)")
-    p.add_argument("--batch-size", type=int, default=None, metavar="B",
-                   help="sequences per step, all processes together (default: the preset's)")
-    p.add_argument("--eval-interval", type=int, default=None, metavar="N",
-                   help="validate and save every N steps (default: the preset's)")
-    p.add_argument("--lr", type=float, default=None, metavar="LR",
-                   help="peak learning rate after warm-up (default: the preset's; with --resume, "
-                   "the run's); the floor --min-lr moves with it unless given")
-    p.add_argument("--min-lr", type=float, default=None, metavar="LR",
-                   help="learning rate at the end of the cosine decay (at most --lr; default: "
-                   "the preset's, moved with --lr)")
-    p.add_argument("--warmup-steps", type=int, default=None, metavar="N",
-                   help="steps of linear warm-up from 0 to --lr (0: none; default: the preset's)")
-    p.add_argument("--dropout", type=float, default=None, metavar="P",
-                   help="dropout probability of the model, 0 <= P < 1 (default: the preset's)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="torch intra-op threads per process (default 1: on a machine shared "
-                   "with other jobs more threads can wait on each other and train many times "
-                   "slower; give the number of idle cores to use them)")
+    add_preset_setting(p, "--seed", None, "seed for weights and batch order")
+    add_preset_setting(p, "--batch-size", "B", "sequences per step, all processes together")
+    add_preset_setting(p, "--eval-interval", "N", "validate and save every N steps")
+    add_preset_setting(p, "--lr", "LR", "peak learning rate after warm-up (default: the preset's; "
+                       "with --resume, the run's); the floor --min-lr moves with it unless given")
+    add_preset_setting(p, "--min-lr", "LR", "learning rate at the end of the cosine decay (at "
+                       "most --lr; default: the preset's, moved with --lr)")
+    add_preset_setting(p, "--warmup-steps", "N", "steps of linear warm-up from 0 to --lr (0: "
+                       "none; default: the preset's)")
+    add_preset_setting(p, "--dropout", "P", "dropout probability of the model, 0 <= P < 1")
+    add_threads(p, help="torch intra-op threads per process (default 1: on a machine shared "
+                "with other jobs more threads can wait on each other and train many times "
+                "slower; give the number of idle cores to use them)")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train on N local processes (N = D × C) through torch.distributed.run "
                    "(default: D × C, 1 process)")
@@ -193,9 +187,7 @@ def _trainer(args, out: Path, parallel):
     if args.resume:
         return Trainer.resume(out, progress=progress, max_steps=args.max_steps, parallel=parallel,
                               dropout=args.dropout, **schedule)
-    overrides = {k: v for k, v in (("max_steps", args.max_steps), ("seed", args.seed),
-                                   ("batch_size", args.batch_size),
-                                   ("eval_interval", args.eval_interval)) if v is not None}
+    overrides = preset_settings(args, "--max-steps", "--seed", "--batch-size", "--eval-interval")
     if any(v is not None for v in schedule.values()):
         tcfg = with_schedule(TrainConfig.from_name(args.preset), **schedule)
         overrides.update(lr=tcfg.lr, min_lr=tcfg.min_lr, warmup_steps=tcfg.warmup_steps)
@@ -287,12 +279,8 @@ def _worker_args(args, out: Path, nproc: int) -> list[str]:
     argv = ["train", "--preset", args.preset, "--out", str(out.resolve()),
             "--dp", str(nproc // args.cp), "--cp", str(args.cp), "--timeout", str(args.timeout),
             "--threads", str(args.threads or 1)]
-    for flag, v in (("--max-steps", args.max_steps), ("--seed", args.seed),
-                    ("--batch-size", args.batch_size), ("--eval-interval", args.eval_interval),
-                    ("--lr", args.lr), ("--min-lr", args.min_lr),
-                    ("--warmup-steps", args.warmup_steps), ("--dropout", args.dropout)):
-        if v is not None:
-            argv += [flag, repr(v)]
+    for setting, v in preset_settings(args).items():  # every one given, in their order
+        argv += ["--" + setting.replace("_", "-"), repr(v)]
     return argv + ["--resume"] * args.resume + ["--quiet"] * args.quiet
 
 
