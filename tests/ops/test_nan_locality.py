@@ -36,6 +36,17 @@ def test_causal_nan_reaches_only_rows_that_see_it(backend, where):
     assert_close(out[..., :2, :], clean[..., :2, :], atol=1e-6, what="rows 0, 1")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unmasked_nan_key_makes_every_row_of_its_head_nan_lse_too(backend):
+    """Without a mask every row sees the key: out and lse are NaN in that head, on every backend
+    (the math path once gave lse -inf there)."""
+    q, k, v = qkv(1, 2, 2, 4, 6, 16, seed=3)
+    k[0, 1, 3, 5] = float("nan")
+    out, lse = attnlab.attention(q, k, v, backend=backend, return_lse=True)
+    assert out[0, 1].isnan().all(-1).all() and lse[0, 1].isnan().all(), lse
+    assert not out[0, 0].isnan().any() and lse[0, 0].isfinite().all(), lse
+
+
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_window_poison_stays_in_the_window(backend, poison):

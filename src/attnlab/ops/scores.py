@@ -118,7 +118,8 @@ def lse_for_exp(lse: torch.Tensor) -> torch.Tensor:
 
 
 def softmax(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, lse) of scores s (..., L, S) where -inf means masked; all-masked rows give 0, -inf.
+    """(weights, lse) of scores s (..., L, S) where -inf means masked; all-masked rows give 0, -inf;
+    a row holding a NaN score gives NaN weights and lse, as every other backend.
 
     The row max is detached: softmax and lse are shift-invariant, so the gradient is unchanged.
     """
@@ -126,7 +127,7 @@ def softmax(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m = exp_shift(m)  # (..., L, 1)
     e = torch.exp(s - m)
     total = e.sum(dim=-1, keepdim=True)  # (..., L, 1)
-    alive = total > 0
+    alive = total != 0  # NaN stays alive: its lse is NaN, not -inf
     safe = torch.where(alive, total, torch.ones_like(total))  # log(0)'s gradient would be NaN
     weights = e / safe
     lse = torch.where(alive, m + torch.log(safe), NEG_INF).squeeze(-1)  # (..., L); -inf: no key
