@@ -105,3 +105,17 @@ def test_the_lessons_numbers():
                                s["scale"]["scaled_weights"], atol=1e-12)
     tops = {h["top_token"]: round(h["top_weight"], 3) for h in s["heads"]["heads"]}
     assert tops == {"cat": 0.984, "mat": 0.951}
+
+
+def test_json_keys_keep_their_order_and_token_sections_follow_their_tokens():
+    keys = {name: list(s) for name, s in by_name().items()}
+    assert keys["scale"] == ["name", "title", "tokens", "scores", "weights", "sum", "scale",
+                             "head_dim", "scaled_scores", "scaled_weights"]
+    assert keys["mask"] == ["name", "title", "tokens", "allowed", "sees", "weights"]
+    assert keys["heads"] == ["name", "title", "tokens", "features", "embeddings", "query_token",
+                             "scale", "heads"]
+    assert keys["compare"] == ["name", "title", "query_token", "query", "rows", "best_match"]
+    s = by_name()
+    for name, lists in (("scale", ["scores", "weights", "scaled_scores", "scaled_weights"]),
+                        ("mask", ["allowed", "sees", "weights"]), ("heads", ["embeddings"])):
+        assert all(len(s[name][k]) == len(s[name]["tokens"]) for k in lists), name

@@ -20,6 +20,14 @@ class Section:
 
 
 @dataclass(kw_only=True)
+class TokenSection(Section):
+    """A section over a sentence's `tokens`, which its per-token lists follow, in order (scale:
+    each token's scores and weights; mask: each token's row; heads: each token's embedding)."""
+
+    tokens: list[str]
+
+
+@dataclass(kw_only=True)
 class CompareRow:
     """One key against the query: the products written out (`arithmetic`) and the `score`."""
 
@@ -54,12 +62,11 @@ class Normalize(Section):
 
 
 @dataclass(kw_only=True)
-class Scale(Section):
+class Scale(TokenSection):
     """scale: softmax `weights` of the raw `scores` (summing to `sum`), and of the scores times
     `scale` = 1/sqrt(`head_dim`)."""
 
     name: str = "scale"
-    tokens: list[str]
     scores: list[float]
     weights: list[float]
     sum: float
@@ -91,11 +98,10 @@ class Borrow(Section):
 
 
 @dataclass(kw_only=True)
-class Mask(Section):
+class Mask(TokenSection):
     """mask: the causal mask (`allowed` (L, S), what each token `sees`) and the weights with it."""
 
     name: str = "mask"
-    tokens: list[str]
     allowed: list[list[bool]]
     sees: list[list[str]]
     weights: list[list[float]]
@@ -118,11 +124,10 @@ class HeadExample:
 
 
 @dataclass(kw_only=True)
-class Heads(Section):
+class Heads(TokenSection):
     """heads: one sentence, two heads with their own projections, two patterns."""
 
     name: str = "heads"
-    tokens: list[str]
     features: list[str]
     embeddings: list[list[float]]
     query_token: str
