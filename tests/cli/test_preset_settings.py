@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attnlab.cli import build_parser
 from attnlab.cli.options import PRESET_SETTINGS, preset_settings
-from attnlab.cli.train import _worker_args
+from attnlab.cli.train_processes import worker_argv
 from attnlab.models.config import GPTConfig, TrainConfig
 
 
@@ -32,7 +32,7 @@ def test_a_worker_gets_every_setting_given_in_order():
     argv = ["train", "--dropout", "0.1", "--seed", "5", "--warmup-steps", "0", "--min-lr",
             "1e-4", "--eval-interval", "3", "--nproc", "2", "--resume"]
     args = build_parser().parse_args(argv)
-    got = _worker_args(args, Path("runs/x"), 2)
+    got = worker_argv(args, Path("runs/x"), 2)
     assert got[got.index("--threads") + 2:] == [
         "--seed", "5", "--eval-interval", "3", "--min-lr", "0.0001", "--warmup-steps", "0",
         "--dropout", "0.1", "--resume"]

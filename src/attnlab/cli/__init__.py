@@ -1,7 +1,9 @@
 """`attnlab <command>`: a thin layer over the library. Each command lives in its own module here,
 with `add_parser(subparsers)` (cheap: no heavy imports) and `run(args) -> int`; `options` holds
 what the commands share (`--model`, `--threads`, the checks of text and output arguments made
-before a model loads, and the quiet -> load -> run opening). Errors are one line and exit 2;
+before a model loads, the quiet -> load -> run opening, the preset settings train and track-heads
+override); `train` runs on train_start (its Trainer from the arguments), train_report (what a run
+prints) and train_processes (the launcher and its workers). Errors are one line and exit 2;
 warnings one line.
 
 One vocabulary across commands: `--model DIR` reads a model or a run directory, `--out DIR` writes
