@@ -12,7 +12,7 @@ never are) and the fused kernel does the arithmetic; a masked chunk gets its own
 
 This file holds that arithmetic over one row block's chunks; the kernel (`kernel.py`,
 `_fused_fwd_rows` / `_fused_bwd_rows`) prepares each chunk's keys, values and float mask
-(`kernel.fused_chunk`) and is the only caller. Every call goes through `fused_cpu`, which owns
+(`chunk.fused_chunk`) and is the only caller. Every call goes through `fused_cpu`, which owns
 the kernel's layouts and lse conventions. Grouped heads are stacked along the rows (G·bq). No
 dropout here: the kernel is used only without it (`fused_cpu.applies`).
 """
