@@ -23,6 +23,7 @@ import torch
 import attnlab
 from attnlab import masks
 from attnlab.ops.kernels import build
+from attnlab.ops.kernels.toolchain import ninja_on_path
 
 VARIANTS = {"shipped": {}, "BQ=32": {"BQ": 32}, "BQ=128": {"BQ": 128}, "BK=256": {"BK": 256},
             "KP=32": {"KP": 32}, "KP=128": {"KP": 128}}
@@ -34,7 +35,7 @@ def compile_variant(isa: str, name: str, sizes: dict, folder: Path):
 
     ns = f"attnlab_blocks_{isa}_{name.replace('=', '_').lower()}"
     defs = [f"-DATTNLAB_{k}={v}" for k, v in sizes.items()]
-    with build._ninja_on_path():
+    with ninja_on_path():
         cpp_extension.load(name=ns, sources=[str(build.CSRC / s) for s in build.SOURCES],
                            extra_cflags=[*build.COMMON_FLAGS, *build.ISA_FLAGS[isa],
                                          f"-DATTNLAB_NS={ns}", *defs],

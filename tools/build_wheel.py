@@ -33,10 +33,11 @@ def stage(folder: Path, isas=None) -> dict:
     import torch
 
     from attnlab.ops.kernels import build, prebuilt
+    from attnlab.ops.kernels.isa import ISAS
 
     folder.mkdir(parents=True, exist_ok=True)
     libs = {}
-    for isa in isas or build.ISAS:
+    for isa in isas or ISAS:
         lib = build.library_path(isa)
         shutil.copyfile(lib, folder / lib.name)
         libs[isa] = (folder / lib.name, build.build_key(isa))

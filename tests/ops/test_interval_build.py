@@ -10,7 +10,7 @@ import time
 import pytest
 
 from attnlab.ops import kernels
-from attnlab.ops.kernels import build
+from attnlab.ops.kernels import build, isa
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_no_compiler_warns_once_and_reports_why(fresh, monkeypatch):
 
 
 def test_an_isa_the_cpu_lacks_is_never_run(fresh, monkeypatch):
-    monkeypatch.setattr(build, "cpu_flags", lambda: {"sse2"})
+    monkeypatch.setattr(isa, "cpu_flags", lambda: {"sse2"})
     monkeypatch.setenv("ATTNLAB_KERNEL_ISA", "avx2")
     with pytest.warns(RuntimeWarning, match="cannot run the avx2 build"):
         assert not kernels.available()

@@ -34,7 +34,7 @@ class Fake:
         monkeypatch.setattr(build, "_compile", self._compile)
         monkeypatch.setattr(build, "_dlopen", lambda lib: self.opened.append(lib.read_bytes()))
         monkeypatch.setenv("ATTNLAB_KERNEL_ISA", "scalar")
-        monkeypatch.setattr(build, "runnable", lambda: build.ISAS)
+        monkeypatch.setattr(build, "runnable", lambda: kernels.ISAS)
         self.lib = build.cache_root() / build.build_key("scalar") / "attnlab_trust_fake.so"
 
     def _compile(self, isa, name, ns, build_dir):

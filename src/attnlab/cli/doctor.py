@@ -19,8 +19,9 @@ def run(args) -> int:
 
     from attnlab import __version__
     from attnlab.ops.kernels import build
+    from attnlab.ops.kernels.isa import cpu_flags
 
-    flags = build.cpu_flags()
+    flags = cpu_flags()
     simd = sorted(f for f in flags if f.startswith(("avx", "fma", "sse4", "amx")))
     st = build.status(build=not args.no_build)
     rows = [

@@ -16,7 +16,8 @@ items per thread (ATTNLAB_KERNEL_BWD=fused|split forces a schedule).
     out, lse = kernels.interval_attention(q, k, v, lo, hi, scale=0.125)
     w = kernels.interval_weights(q, k, lse, lo, hi, rows=[7], scale=0.125)  # (B, H, 1, S)
 
-Files: build.py (ISA, cache, status), gate.py (checks, layouts), kernel.py (the three layers),
+Files: isa.py (on or off, the CPU's ISAs, the chosen one), build.py (flags, cache, loading, status),
+toolchain.py (ninja, the build lock), gate.py (checks, layouts), kernel.py (the three layers),
 csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp,
 weights.cpp the rows of exact weights, ops.cpp the ops and the glue's reductions, queue.h their
 work queue, pool.h the cache of large freed buffers).
@@ -33,8 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.ops.kernels.build import ISAS, KernelStatus, runnable, status
+from attnlab.ops.kernels.build import KernelStatus, status
 from attnlab.ops.kernels.build import get as _get
+from attnlab.ops.kernels.isa import ISAS, runnable
 
 __all__ = ["ISAS", "KernelStatus", "available", "cached_bytes", "interval_attention",
            "interval_backward", "interval_forward", "interval_weights", "release_cached",

@@ -1,4 +1,5 @@
-"""Building and loading the interval kernel: which ISA this CPU runs, the cache, the status.
+"""Building and loading the interval kernel: each ISA's flags, the cache, the status (which ISA
+this CPU runs is `isa.py`; ninja and the build lock, `toolchain.py`).
 
 Each ISA is its own build (its own compile flags, its own shared library, its own torch-op
 namespace), compiled on first use by `torch.utils.cpp_extension` with ninja into
@@ -28,9 +29,6 @@ takes about half a minute on an idle machine.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import functools
 import hashlib
 import logging
 import os
@@ -38,15 +36,14 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.errors import AttnlabError
 from attnlab.ops.kernels import trust
+from attnlab.ops.kernels.isa import KernelUnavailable, chosen_isa, enabled, lacking, runnable
+from attnlab.ops.kernels.toolchain import locked, ninja_on_path
 
-ISAS = ("avx512", "avx2", "scalar")
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp")
 HEADERS = ("decode.h", "interval.h", "pool.h", "queue.h", "tiles.h", "vec.h")
@@ -56,23 +53,11 @@ ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DATTNLAB_AVX2"],
     "scalar": [],
 }
-#: the /proc/cpuinfo flags an ISA's build needs
-ISA_NEEDS = {
-    "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
-    "avx2": {"avx2", "fma", "f16c"},
-    "scalar": set(),
-}
 #: the ops each build registers (csrc/ops.cpp)
 OPS = ("fwd", "bwd", "keys_last", "keys_last_checked", "rows_padded", "weights", "simd_width",
        "math_probe", "all_finite", "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros",
        "decode", "decode_bf16_path", "pool_trim")
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
-LOCK_WAIT_S = 900.0
-
-
-class KernelUnavailable(AttnlabError, RuntimeError):
-    """The interval kernel cannot be had here (no compiler, a failed build, an ISA this CPU lacks,
-    the kernel turned off); callers fall back to the PyTorch path."""
 
 
 @dataclass(frozen=True)
@@ -98,40 +83,6 @@ _FAILED: dict[str, str] = {}
 _FROM: dict[str, str] = {}  # isa -> where its library was loaded from (a cache folder, the wheel)
 _LOAD_LOCK = threading.Lock()  # one thread of a process builds or loads at a time
 log = logging.getLogger("attnlab.kernels")
-
-
-def enabled() -> bool:
-    return os.environ.get("ATTNLAB_KERNEL", "1").strip().lower() not in ("0", "off", "false", "no")
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; else what PyTorch's own dispatch found),
-    read once per process: every call that picks a build asks."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    import torch
-
-    cap = torch.backends.cpu.get_cpu_capability().upper()
-    return frozenset().union(*(ISA_NEEDS[i] for i in ISAS if cap.startswith(i.upper())))
-
-
-def runnable() -> tuple[str, ...]:
-    """The ISA builds this CPU can run, best first ("scalar" always)."""
-    flags = cpu_flags()
-    return tuple(i for i in ISAS if ISA_NEEDS[i] <= flags)
-
-
-def chosen_isa() -> str:
-    """ATTNLAB_KERNEL_ISA if set, else the best build this CPU runs."""
-    forced = os.environ.get("ATTNLAB_KERNEL_ISA", "").strip().lower()
-    if forced:
-        if forced not in ISAS:
-            raise AttnlabError(f"ATTNLAB_KERNEL_ISA: expected one of {ISAS}, got {forced!r}")
-        return forced
-    return runnable()[0]
 
 
 def cache_base() -> Path:
@@ -199,7 +150,7 @@ def _why(e: Exception) -> str:
 def _load(isa: str):
     if isa not in runnable():
         raise KernelUnavailable(f"this CPU cannot run the {isa} build (it lacks "
-                           f"{', '.join(sorted(ISA_NEEDS[isa] - cpu_flags()))})")
+                                f"{', '.join(lacking(isa))})")
     name, ns = _names(isa)
     wheel = _prebuilt(isa)
     if wheel is not None:  # the wheel's library for this torch: no compiler needed
@@ -308,7 +259,7 @@ def _build(isa: str, name: str, ns: str, final: Path, damaged: str | None = None
                                                "(install g++ or set CXX)"))
     root = final.parent
     trust.private_dirs(root, cache_base())
-    with _locked(root / f"{final.name}.lock"):
+    with locked(root / f"{final.name}.lock"):
         lib = final / f"{name}.so"
         if os.path.lexists(final):
             if _check_cached(lib) is None and lib.exists():
@@ -345,7 +296,7 @@ def _compile(isa: str, name: str, ns: str, build_dir: Path) -> None:
     does; the folder is renamed afterwards and the loaded library stays valid)."""
     from torch.utils import cpp_extension
 
-    with _ninja_on_path(), warnings.catch_warnings():
+    with ninja_on_path(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cpp_extension.load(
             name=name,
@@ -356,47 +307,6 @@ def _compile(isa: str, name: str, ns: str, build_dir: Path) -> None:
             is_python_module=False,
             verbose=False,
         )
-
-
-@contextlib.contextmanager
-def _ninja_on_path():
-    """The ninja of the `ninja` package on PATH for the build (a venv's bin is often not)."""
-    old = os.environ.get("PATH", "")
-    try:
-        import ninja
-
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + old
-    except ImportError:
-        if shutil.which("ninja") is None:
-            raise KernelUnavailable("the ninja build tool is missing: pip install ninja") from None
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = old
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock file (flock) for the build; waits up to LOCK_WAIT_S."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): the rename alone keeps builds whole
-        yield
-        return
-    with open(path, "a+") as f:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    raise KernelUnavailable(f"could not lock {path} for the kernel build") from e
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 _WARNED: set[str] = set()

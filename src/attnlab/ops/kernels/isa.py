@@ -1,0 +1,67 @@
+"""Whether and which build of the interval kernel runs here: ATTNLAB_KERNEL (on or off), the
+CPU's features, the ISA builds it can run and the one chosen (ATTNLAB_KERNEL_ISA, else the best);
+and KernelUnavailable, the error callers catch to fall back to the PyTorch path.
+
+Each ISA's compile flags are `build.ISA_FLAGS`; this file holds what a CPU needs to run its build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+ISAS = ("avx512", "avx2", "scalar")
+#: the /proc/cpuinfo flags an ISA's build needs
+ISA_NEEDS = {
+    "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
+    "avx2": {"avx2", "fma", "f16c"},
+    "scalar": set(),
+}
+
+
+class KernelUnavailable(AttnlabError, RuntimeError):
+    """The interval kernel cannot be had here (no compiler, a failed build, an ISA this CPU lacks,
+    the kernel turned off); callers fall back to the PyTorch path."""
+
+
+def enabled() -> bool:
+    return os.environ.get("ATTNLAB_KERNEL", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; else what PyTorch's own dispatch found),
+    read once per process: every call that picks a build asks."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    import torch
+
+    cap = torch.backends.cpu.get_cpu_capability().upper()
+    return frozenset().union(*(ISA_NEEDS[i] for i in ISAS if cap.startswith(i.upper())))
+
+
+def runnable() -> tuple[str, ...]:
+    """The ISA builds this CPU can run, best first ("scalar" always)."""
+    flags = cpu_flags()
+    return tuple(i for i in ISAS if ISA_NEEDS[i] <= flags)
+
+
+def lacking(isa: str) -> list[str]:
+    """The CPU flags the `isa` build needs that this CPU lacks, sorted (none: it runs here)."""
+    return sorted(ISA_NEEDS[isa] - cpu_flags())
+
+
+def chosen_isa() -> str:
+    """ATTNLAB_KERNEL_ISA if set, else the best build this CPU runs."""
+    forced = os.environ.get("ATTNLAB_KERNEL_ISA", "").strip().lower()
+    if forced:
+        if forced not in ISAS:
+            raise AttnlabError(f"ATTNLAB_KERNEL_ISA: expected one of {ISAS}, got {forced!r}")
+        return forced
+    return runnable()[0]
