@@ -59,3 +59,16 @@ def test_bench_budget_must_bound(capsys, budget):
     """--budget nan compared false with every prediction: no cell was ever skipped."""
     _one_line_error(capsys, ["bench", "--quick", "--budget", budget],
                     "--budget: expected a positive finite number of seconds")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-o", "no/such/dir/x.png"], "-o: no such directory"),
+    (["-o", "x.pdf"], "-o: expected a file ending in .png or .svg"),
+    (["--stat", "nope"], "--stat 'nope': expected one of"),
+])
+def test_track_heads_checks_its_arguments_before_training(capsys, tmp_path, monkeypatch, args,
+                                                          message):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    _one_line_error(capsys, ["track-heads", "--max-steps", "1", "--out", str(out), *args], message)
+    assert not out.exists()

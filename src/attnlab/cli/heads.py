@@ -132,8 +132,7 @@ def plot_stat(text, out, *, stat, run=None, model=None) -> str:
 
     if stat is None:
         raise AttnlabError(f"--stat: give the statistic to draw, one of {', '.join(STATS)}")
-    if stat not in STATS:
-        raise AttnlabError(f"--stat {stat!r}: expected one of {', '.join(STATS)}")
+    check_choice("--stat", stat, STATS)
     if run is not None:
         if text is not None:
             raise AttnlabError("--model: a run directory draws its training curves; leave out "

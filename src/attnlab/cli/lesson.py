@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from attnlab.cli.options import add_model, check_choice, check_text, command, open_model, run_text
+from attnlab.cli.options import (
+    add_model,
+    check_choice,
+    check_output,
+    check_text,
+    command,
+    open_model,
+    run_text,
+)
 
 #: the lesson's steps, as `attnlab.explain.lesson_sections.SECTIONS` names them (a test holds
 #: the two together; `--help` imports no numpy)
@@ -57,11 +64,7 @@ def _write_html(args) -> int:
     if args.output is None:
         sys.stdout.write(lesson_html())
         return 0
-    out = Path(args.output)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise AttnlabError(f"-o: expected a file ending in .html, got {args.output!r}")
-    if not out.parent.is_dir():
-        raise AttnlabError(f"-o: no such directory {str(out.parent)!r}")
+    out = check_output("-o", args.output, (".html", ".htm"))
     write_lesson_page(out)
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); open it in a browser, no network "
           "needed")

@@ -14,7 +14,14 @@ finished run without training.
 
 from __future__ import annotations
 
-from attnlab.cli.options import add_preset_setting, add_threads, command, preset_settings
+from attnlab.cli.options import (
+    add_preset_setting,
+    add_threads,
+    check_choice,
+    check_output,
+    command,
+    preset_settings,
+)
 
 
 def add_parser(sub):
@@ -44,10 +51,9 @@ def run(args) -> int:
     from attnlab.explain.head_statistics import STATS
     from attnlab.explain.training import induction_summary, read_heads, track_heads
 
-    if args.stat not in STATS:
-        raise AttnlabError(f"--stat {args.stat!r}: expected one of {', '.join(STATS)}")
-    if args.output and not args.output.lower().endswith((".png", ".svg")):
-        raise AttnlabError(f"-o: expected a file ending in .png or .svg, got {args.output!r}")
+    check_choice("--stat", args.stat, STATS)
+    if args.output:
+        check_output("-o", args.output, (".png", ".svg"))
     if args.plot_only and not args.output:
         raise AttnlabError("--plot-only: needs -o FIG")
     if not args.plot_only:
