@@ -19,6 +19,7 @@ processes' time slices (meaningful for one thread: a helper thread's time is not
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -89,9 +90,19 @@ def main(argv=None) -> int:
     if min(a.L + a.threads + [a.heads, a.dim, a.repeats]) < 1:
         ap.error("--L, --threads, --heads, --dim and --repeats take positive numbers")
     print(f"# small calls: fp32, B = 1, H = {a.heads}, D = {a.dim}, S = L; median of "
-          f"{a.repeats} bursts of {BURST} calls, {a.clock} clock; torch {torch.__version__}")
+          f"{a.repeats} bursts of {BURST} calls, {a.clock} clock; torch {torch.__version__}; "
+          f"load {_load()} before")
     print("\n".join(table(a.L, a.threads, a.heads, a.dim, a.repeats, a.masks, CLOCKS[a.clock])))
+    print(f"# load {_load()} after")
     return 0
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (what shares the cores with these µs calls)."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ def test_a_tiny_run_prints_one_row_per_threads_and_length(sc, capsys):
     n = torch.get_num_threads()
     assert sc.main(["--L", "8", "24", "--threads", "1", "--repeats", "2"]) == 0
     assert torch.get_num_threads() == n  # put back
-    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |")]
+    out = capsys.readouterr().out.splitlines()
+    rows = [r for r in out if r.startswith("| 1 |")]
     assert [r.split("|")[3].strip() for r in rows] == ["8", "24"]
+    assert "load" in out[0] and out[-1].startswith("# load")  # what shared the cores
     assert all(r.count("|") == 12 and "nan" not in r for r in rows)
 
 

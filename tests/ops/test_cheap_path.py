@@ -41,9 +41,11 @@ def test_a_seen_signature_gives_the_full_paths_answer(kw):
     assert len(cheap._PLANS) == 1
 
 
+@pytest.mark.parametrize("kernel", ["1", "0"])  # the probe's verdict; Python's checks
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("where", ["query", "key", "value"])
-def test_nonfinite_inputs_on_a_plan_follow_the_rules(causal, where):
+def test_nonfinite_inputs_on_a_plan_follow_the_rules(causal, where, kernel, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNEL", kernel)
     q, k, v = _qkv(L=4, S=4)
     attnlab.attention(q, k, v, is_causal=causal)  # the plan
     x = {"query": q, "key": k, "value": v}[where]
@@ -180,3 +182,80 @@ def test_sdpas_own_node_gives_second_order_gradients_through_its_hook(causal):
                                           retain_graph=True)
         for a, b in zip((*got, *second), (*want, *second_want)):
             assert (a - b).abs().max().item() < 1e-4
+
+
+def _probe():
+    from attnlab.ops import kernels
+    from attnlab.ops.kernels import build
+
+    if not kernels.available():
+        pytest.skip("the kernel is not available here")
+    return build.get().probe
+
+
+def test_the_probe_states_the_layout_and_whether_the_checked_inputs_are_finite():
+    probe = _probe()
+    q, k, v = _qkv(L=3, S=5)
+    sig = probe(q, k, v, 2)
+    assert sig.endswith("F") and probe(q, k, v, 0).endswith("U")
+    assert probe(*(x + 1 for x in (q, k, v)), 2) == sig  # the same layout, other values
+    for other in (torch.randn(1, 2, 3, 8).transpose(-1, -2).contiguous().transpose(-1, -2),
+                  q.double(), q.clone().requires_grad_(), torch.randn(1, 2, 3, 16)[..., :8]):
+        assert probe(other, k, v, 2)[:-1] != sig[:-1]  # strides, dtype, requires_grad, strides
+    with torch.no_grad():
+        assert probe(q, k, v, 2)[:-1] != sig[:-1]  # the grad mode
+    k[0, 1, 4, 7] = float("nan")  # keys are checked only when asked
+    assert probe(q, k, v, 1).endswith("F") and probe(q, k, v, 2).endswith("N")
+    rows = torch.randn(1, 6, 2, 8).transpose(1, 2)  # (1, 2, 6, 8) of unit-stride rows
+    assert not rows.is_contiguous() and probe(rows, k, v, 1).endswith("F")
+    rows[0, 1, 5, 0] = float("inf")  # the last row: every row read where it lies
+    assert probe(rows, k, v, 1).endswith("N")
+    assert probe(rows.transpose(-1, -2), k, v, 1).endswith("U")  # rows not of unit stride
+    assert probe(q.double(), k, v, 1).endswith("U")
+    assert probe(torch.zeros(1, 8, 64, 65), k, v, 1).endswith("U")  # over PROBE_CHECK_MAX
+    assert probe(q.to_sparse(), k, v, 1) == ""  # no plain layout: no plan
+
+
+def test_a_plan_under_the_probes_finite_verdict_runs_sdpa_with_no_other_check():
+    _probe()
+    q, k, v = _qkv(L=4, S=4)
+    attnlab.attention(q, k, v, is_causal=True)  # the plan
+    (sig, plan), = cheap._PLANS.items()
+    assert sig[0].endswith("F") and plan.sdpa is not None
+
+    def unexpected(x):
+        raise AssertionError("the probe checked these inputs already")
+
+    plan.finite = unexpected
+    want = attnlab.attention(q, k, v, is_causal=True, backend="math")
+    assert (attnlab.attention(q, k, v, is_causal=True) - want).abs().max().item() < 1e-5
+    k[0, 0, 3, 0] = float("nan")  # another verdict: another signature, the full path's rules
+    got = attnlab.attention(q, k, v, is_causal=True)
+    assert torch.isnan(got[0, 0, 3]).all() and not torch.isnan(got[0, 0, :3]).any()
+    assert not torch.isnan(got[0, 1]).any()
+
+
+def test_a_poisoned_call_keeps_a_plan_that_takes_the_full_path():
+    _probe()
+    q, k, v = _qkv(L=4, S=4)
+    v[0, 1, 2, 0] = float("inf")
+    want = attnlab.attention(q, k, v, is_causal=True, backend="math")
+    for _ in range(2):  # the full path, then its plan
+        got = attnlab.attention(q, k, v, is_causal=True)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        assert (torch.nan_to_num(got) - torch.nan_to_num(want)).abs().max().item() < 1e-5
+    (sig, plan), = cheap._PLANS.items()
+    assert sig[0].endswith("N") and plan.sdpa is None and plan.call is None
+
+
+def test_without_the_probe_the_signature_is_pythons_until_the_kernel_is_loaded():
+    _probe()
+    q, k, v = _qkv()
+    kernel = cheap._ENV.get(cheap._KERNEL)
+    cheap._PROBES[kernel] = None  # as where the kernel was not loaded yet
+    attnlab.attention(q, k, v)
+    (sig, plan), = cheap._PLANS.items()
+    assert type(sig[0]) is not str and plan.call is not None  # checks in Python
+    assert kernel not in cheap._PROBES  # loaded now: the next call asks the probe
+    attnlab.attention(q, k, v)
+    assert len(cheap._PLANS) == 2 and type(list(cheap._PLANS)[-1][0]) is str

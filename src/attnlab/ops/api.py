@@ -106,11 +106,10 @@ def attention(
     sig = None
     if backend == "auto" and attn_mask is None and alibi_slopes is None and score_mod is None \
             and sinks is None:  # the cheap path: a signature seen before (`ops/cheap.py`)
-        sig = cheap.signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
-                              softcap, return_lse)
-        plan = cheap.lookup(sig)
-        if plan is not None and plan.sdpa is not None:
-            out = cheap.run_sdpa(plan, query, key, value)
+        sig, plan = cheap.find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
+                               softcap, return_lse)
+        if plan is not None and plan.call is not None:  # SDPA's kernel as it is
+            out = plan.call(query, key, value)
             if out is not None:
                 return out
         if plan is not None:

@@ -11,6 +11,14 @@ one after it is built), so a mask whose meaning differs is another object and an
 Calls with a dense `attn_mask`, ALiBi slopes, a score_mod, sinks or a forced backend take the
 full path every time (their tensors' contents would be part of the signature).
 
+Where the compiled kernel is loaded, the tensors' part of the signature comes from its `probe`
+op, which in the same call checks the inputs for NaN/Inf (the query, and with any mask the keys
+and values too: what `run_sdpa`'s rule checks) while they are small; its verdict ('F' finite,
+'N' not, 'U' not decided) is part of the signature. A plan kept under 'F' that runs SDPA's
+kernel as it is runs it with no other check; one under 'N' takes `dispatch.run`, which cleans
+and poisons by the rules; one under 'U' checks as `run_sdpa` says. Elsewhere (the kernel off or
+not built, a tensor subclass) the signature is a Python tuple and plans check as `run_sdpa`.
+
 The first call of a signature takes the full path, which raises exactly what it always raised;
 only a call that validated is kept. At most MAX_PLANS signatures are kept, the oldest dropped.
 """
@@ -18,6 +26,7 @@ only a call that validated is kept. At most MAX_PLANS signatures are kept, the o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections import OrderedDict
@@ -44,6 +53,9 @@ class Plan:
     sdpa: tuple | None = None
     #: the NaN/Inf check of one tensor (`_finite_with`)
     finite: object = None
+    #: call(query, key, value) -> out, or None where an input holds NaN/Inf: the `sdpa` way with
+    #: the checks its signature's verdict leaves (`_caller`); None without `sdpa`
+    call: object = None
 
 
 _PLANS: OrderedDict = OrderedDict()
@@ -55,12 +67,58 @@ _KERNEL, _ISA = (b"ATTNLAB_KERNEL", b"ATTNLAB_KERNEL_ISA") if _ENV is not None e
 _ENV = os.environ if _ENV is None else _ENV
 
 
+_TENSOR = torch.Tensor
+#: the kernel's probe op per value of ATTNLAB_KERNEL, or None where it is off or not built
+#: (`_probe_for`, once per value: a call never looks the build up)
+_PROBES: dict = {}
+
+
+def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
+         return_lse):
+    """(signature, the plan kept under it or None). The signature is None when the call has no
+    cheap one (an input that is not a tensor: the full path says what is wrong); an unhashable
+    one (a list as scale) finds no plan and keeps none."""
+    kernel = _ENV.get(_KERNEL)
+    probe = _PROBES.get(kernel, _probe_for)
+    if probe is _probe_for:
+        probe = _probe_for(kernel)
+    if probe is not None and type(query) is type(key) is type(value) is _TENSOR:
+        # layouts, grad mode and the NaN/Inf verdict; the keys and values checked with any mask
+        layout = probe(query, key, value, 1 if is_causal is False and mask is None else 2)
+        if not layout:  # a tensor without a plain layout (sparse, nested, a functorch wrapper)
+            return None, None
+        sig = (layout, dropout_p, is_causal, scale, enable_gqa, id(mask), softcap, return_lse,
+               kernel, _ENV.get(_ISA))
+    else:
+        sig = signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
+                        softcap, return_lse)
+        if sig is None:
+            return None, None
+    try:
+        return sig, _PLANS.get(sig)
+    except TypeError:  # unhashable
+        return sig, None
+
+
+def _probe_for(kernel):
+    """The kernel's `probe` for this ATTNLAB_KERNEL value, or None (the kernel off, or not
+    loadable without compiling)."""
+    ops = _ops(True)
+    probe = _raw(ops.probe) if ops is not None else None
+    _PROBES[kernel] = probe
+    return probe
+
+
+def _raw(op):
+    """A torch op's C++ entry, without torch.ops' Python layers around it (~0.3 µs a call)."""
+    return getattr(op.default, "_op", op.default)
+
+
 def signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
               return_lse):
-    """The call's signature (one flat tuple: type, shape, strides, dtype, device and
+    """The call's signature in Python (one flat tuple: type, shape, strides, dtype, device and
     requires_grad of query, key and value, then the scalars), or None when it has no cheap one
-    (an input that is not a tensor: the full path says what is wrong). An unhashable one (a
-    list as scale) finds no plan and keeps none."""
+    (an input that is not a tensor)."""
     try:
         return (type(query), query.shape, query.stride(), query.dtype, query.device,
                 query.requires_grad, type(key), key.shape, key.stride(), key.dtype, key.device,
@@ -69,15 +127,6 @@ def signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, 
                 id(mask), softcap, return_lse, torch.is_grad_enabled(), _ENV.get(_KERNEL),
                 _ENV.get(_ISA))
     except (AttributeError, TypeError):
-        return None
-
-
-def lookup(sig) -> Plan | None:
-    if sig is None:
-        return None
-    try:
-        return _PLANS.get(sig)
-    except TypeError:  # unhashable
         return None
 
 
@@ -121,6 +170,17 @@ def run_sdpa(plan: Plan, query, key, value):
     return run(query, key, value, causal, scale, gqa)
 
 
+def _caller(plan: Plan, verdict: str):
+    """plan.call: SDPA's kernel with no check where the probe found the inputs finite, else
+    `run_sdpa` (the probe left the check to it). A plan under 'N' keeps no `sdpa`."""
+    if verdict != "F":
+        return functools.partial(run_sdpa, plan)
+    run, causal, scale, gqa = plan.sdpa
+    if gqa is None:
+        return lambda q, k, v: run(q, k, v, causal, scale)
+    return lambda q, k, v: run(q, k, v, causal, scale, gqa)
+
+
 def _finite_with(ops):
     """The NaN/Inf check of one tensor for a plan: no NaN/Inf in x, or (rarely) a finite x whose
     sum overflows, for which the full path then decides. The kernel's op (1 µs) for float32
@@ -128,7 +188,7 @@ def _finite_with(ops):
     of the signature), else the sum as a Python float; a call never looks the build up."""
     if ops is None:
         return _sum_finite
-    op = ops.all_finite
+    op = _raw(ops.all_finite)
 
     def finite(x: torch.Tensor) -> bool:
         if x.dtype == torch.float32 and x.is_contiguous():
@@ -151,8 +211,14 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     except TypeError:
         return
     template = dataclasses.replace(p, query=None, key=None, value=None, finite=False)
-    how = _sdpa_as_is(p, backend, need_lse)
-    _PLANS[sig] = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
+    verdict = sig[0][-1] if type(sig[0]) is str else "U"  # the probe's, else none
+    how = None if verdict == "N" else _sdpa_as_is(p, backend, need_lse)
+    plan = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
+    if how is not None:
+        plan.call = _caller(plan, verdict)
+    _PLANS[sig] = plan
+    if _PROBES.get(sig[-2], 0) is None and build.loaded() is not None:
+        del _PROBES[sig[-2]]  # the kernel was loaded since: the next call takes its probe
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
 
@@ -161,12 +227,12 @@ _LOAD_TRIED = [False]
 
 
 def _ops(checks: bool):
-    """The kernel's ops for a plan's NaN/Inf check: the loaded build, or, once per process for
-    a plan whose every call checks its inputs (a plain SDPA call, which never loads the
-    kernel), the chosen build when it is there to load without compiling (in the wheel or the
-    cache); else None (the checks then sum)."""
+    """The kernel's ops for a plan's NaN/Inf check or the probe: the loaded build, or, once per
+    process where the kernel is on (a plain SDPA call never loads it), the chosen build when it
+    is there to load without compiling (in the wheel or the cache); else None (the checks then
+    sum, the signature is Python's)."""
     ops = build.loaded()
-    if ops is None and checks and not _LOAD_TRIED[0]:
+    if ops is None and checks and not _LOAD_TRIED[0] and build.enabled():
         _LOAD_TRIED[0] = True
         if build.status().built:
             ops = build.get()
@@ -183,5 +249,7 @@ def problem(plan: Plan, query, key, value) -> Problem:
 
 
 def clear() -> None:
-    """Forget every plan (tests; a process that changes ATTNLAB_KERNEL or the ISA mid-run)."""
+    """Forget every plan and probe (tests; a process that changes ATTNLAB_KERNEL or the ISA
+    mid-run)."""
     _PLANS.clear()
+    _PROBES.clear()

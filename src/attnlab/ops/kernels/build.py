@@ -45,8 +45,8 @@ from attnlab.ops.kernels.isa import KernelUnavailable, chosen_isa, enabled, lack
 from attnlab.ops.kernels.toolchain import locked, ninja_on_path
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp")
-HEADERS = ("decode.h", "interval.h", "pool.h", "queue.h", "tiles.h", "vec.h")
+SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "probe.cpp")
+HEADERS = ("decode.h", "interval.h", "pool.h", "probe.h", "queue.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
     "avx512": [*_X86, "-mavx2", "-mfma", "-mf16c", "-DATTNLAB_AVX512"],
@@ -56,7 +56,7 @@ ISA_FLAGS = {
 #: the ops each build registers (csrc/ops.cpp)
 OPS = ("fwd", "bwd", "keys_last", "keys_last_checked", "rows_padded", "weights", "simd_width",
        "math_probe", "all_finite", "row_dot", "fma_ceiling", "pool_cached_bytes", "pool_zeros",
-       "decode", "decode_bf16_path", "pool_trim")
+       "decode", "decode_bf16_path", "pool_trim", "probe")
 COMMON_FLAGS = ["-O3", "-fno-math-errno", "-Wno-maybe-uninitialized"]
 
 

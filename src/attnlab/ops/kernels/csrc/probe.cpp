@@ -1,0 +1,86 @@
+// The cheap path's probe (probe.h): a small call's signature and NaN/Inf check in one op call,
+// where three Python checks and a Python signature cost more than PyTorch's kernel at L = 1.
+#include "probe.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/DispatchKeySet.h>
+
+#include <vector>
+
+#include "vec.h"
+
+namespace attnlab_k {
+
+namespace {
+
+// a tensor whose layout the signature states and whose values can be read where it says
+bool plain(const at::Tensor& x) {
+  static const c10::DispatchKeySet wrapped({c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper,
+                                            c10::DispatchKey::Python});
+  return x.defined() && x.layout() == c10::kStrided && !x.is_nested() && x.has_storage() &&
+         !x.key_set().has_any(wrapped);
+}
+
+// the probe reads x itself: float32 on the CPU, at most PROBE_CHECK_MAX floats, rows (the last
+// dim) of unit stride
+bool checkable(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.numel() <= PROBE_CHECK_MAX &&
+         (x.dim() == 0 || x.size(-1) <= 1 || x.stride(-1) == 1);
+}
+
+// no NaN/Inf in x (checkable), its rows read in place for any strides of the leading dims
+bool finite(const at::Tensor& x) {
+  const float* p = x.data_ptr<float>();
+  if (x.is_contiguous()) return finite_span(p, x.numel());
+  const int64_t nd = x.dim(), n = x.size(-1);
+  std::vector<int64_t> at(nd - 1, 0);  // index of the row over the leading dims, innermost last
+  for (int64_t rows = x.numel() / n; rows > 0; --rows) {
+    int64_t off = 0;
+    for (int64_t i = 0; i + 1 < nd; ++i) off += at[i] * x.stride(i);
+    if (!finite_span(p + off, n)) return false;
+    for (int64_t i = nd - 2; i >= 0 && ++at[i] == x.size(i); --i) at[i] = 0;  // next row
+  }
+  return true;
+}
+
+// v (>= -1) appended as ASCII, six bits a char low first: 64 + bits while more follow, then
+// 32 + the last (< 32). No division (a small call's whole budget is a few µs), each number ends
+// where it ends, and a string of them is plain ASCII: the Python str is made by a copy
+void put(std::string& s, int64_t v) {
+  uint64_t u = (uint64_t)(v + 1);  // -1 (a CPU device's index) -> 0
+  while (u >= 32) {
+    s.push_back((char)(64 + (u & 63)));
+    u >>= 6;
+  }
+  s.push_back((char)(32 + u));  // the last group: 0..31, below the continuation chars
+}
+
+}  // namespace
+
+std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
+  const at::Tensor* xs[3] = {&q, &k, &v};
+  std::string s;
+  s.reserve(64);
+  for (const at::Tensor* x : xs) {  // dim, sizes, strides, dtype, device, requires_grad
+    if (!plain(*x)) return std::string();
+    put(s, x->dim());
+    for (int64_t d : x->sizes()) put(s, d);
+    for (int64_t d : x->strides()) put(s, d);
+    put(s, (int64_t)x->scalar_type());
+    put(s, (int64_t)x->device().type());
+    put(s, (int64_t)x->device().index());
+    put(s, x->requires_grad());
+  }
+  put(s, at::GradMode::is_enabled());
+  const int n = check <= 0 ? 0 : check == 1 ? 1 : 3;  // the tensors checked: q, or q, k, v
+  char verdict = n ? 'F' : 'U';
+  for (int i = 0; i < n && verdict == 'F'; ++i)
+    if (!checkable(*xs[i])) verdict = 'U';
+  for (int i = 0; i < n && verdict == 'F'; ++i)
+    if (!finite(*xs[i])) verdict = 'N';
+  s.push_back(verdict);
+  return s;
+}
+
+}  // namespace attnlab_k
