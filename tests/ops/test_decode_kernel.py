@@ -186,6 +186,38 @@ def test_nonfinite_in_the_cache_stays_in_the_rows_that_see_it(where):
                                    "query": 1}[where]
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_the_kernel_reports_every_nonfinite_row_some_row_reads(isa, dtype):
+    """The kernel's own check (keys through their scores, values through the sums): a NaN, +Inf
+    or -Inf key or value that some query row attends is reported, whichever row of a block it
+    is and whether or not the other rows of the item attend it; one that no row attends is not."""
+    g = torch.Generator().manual_seed(11)
+    B, H, Hkv, L, S, D = 2, 4, 2, 2, 300, 64
+    q = torch.randn(B, H, L, D, generator=g).to(dtype).float()
+    ks, vs = (torch.randn(B, Hkv, S, D, generator=g).to(dtype) for _ in range(2))
+    lo, hi = (x.int() for x in decode_intervals("window", [300, 200], L, S, window=120))
+    ops = build.load(isa)
+
+    def finite(k, v):
+        return ops.decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 64, True)[2]
+
+    assert finite(ks, vs)
+    # (batch, key): batch 1's row 0 sees keys [79, 199), row 1 [80, 200): key 79 only row 0,
+    # 199 only row 1
+    for b, j in ((0, 299), (0, 180), (1, 79), (1, 199), (1, 150)):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for which in ("k", "v"):
+                k, v = ks.clone(), vs.clone()
+                (k if which == "k" else v)[b, 1, j, 7] = bad
+                assert not finite(k, v), (isa, dtype, b, j, bad, which)
+    for b, j in ((1, 200), (1, 250), (0, 10), (1, 78)):  # past the length, before the window
+        for which in ("k", "v"):
+            k, v = ks.clone(), vs.clone()
+            (k if which == "k" else v)[b, 0, j, 0] = float("nan")
+            assert finite(k, v), (isa, dtype, b, j, which)
+
+
 def test_no_mask_nan_key_poisons_the_heads_that_read_it():
     g = torch.Generator().manual_seed(2)
     q = torch.randn(1, 4, 1, 16, generator=g)

@@ -1,9 +1,11 @@
 // The decode kernel (decode.h): flash-decoding over a key/value cache read as stored.
 //
 // One work item = (batch b, kv head hk, chunk of keys). Its R = G·L rows (the G query heads of hk,
-// L rows each) walk the chunk in blocks of KB keys: a block of K and V rows is converted to
-// float32 in L1 scratch (a float32 row of whole vectors is read in place), every row's scores
-// q·k come from it, then an online softmax and O += P·V. Each cache row is read from memory once
+// L rows each) walk the chunk in blocks of KB keys: every row's scores q·k from the block's key
+// rows (read in place, converted in registers; a row that is not whole vectors or a float16 /
+// non-exact bfloat16 key for several rows: converted once into L1 scratch), an online softmax,
+// then O += P·V for all rows at once, each value vector loaded once per 4 rows. The K and V rows
+// a block ahead are requested while a block is computed. Each cache row is read from memory once
 // per step whatever G is. A head's chunks leave (O, m, l) partials; the item that finishes last
 // merges them: m = max m_c, l = Σ l_c·e^(m_c - m), O = Σ O_c·e^(m_c - m) / l, lse = m + log l.
 #include "decode.h"
@@ -30,7 +32,10 @@ using at::Tensor;
 namespace attnlab_k {
 namespace {
 
-constexpr int KB = 32;     // keys of one block: K and V blocks of D = 128 float32 fill 32 KiB
+// inlined whatever GCC's heuristics say (a call per key or a W-vector array spilled to memory)
+#define ATTNLAB_INLINE inline __attribute__((always_inline))
+
+constexpr int KB = 64;     // keys of one block (32 measured 5-10% slower for bfloat16 caches)
 constexpr int RMAX = 64;   // rows of one item at most (a head group wider is split in items)
 
 enum Dt { F32 = 0, BF16 = 1, F16 = 2 };
@@ -160,14 +165,6 @@ static inline vf vld(const f16* p) { return half_to_float(p->x); }
 static inline vf vld(const bf16dp* p) { return bf16_to_float(p->x); }
 #endif
 
-// no NaN/Inf among the n (a multiple of W) elements at p: x·0 is 0 only for a finite x
-template <class T>
-static inline bool finite_row(const T* p, int n) {
-  vf acc = vzero();
-  for (int c = 0; c < n; c += W) acc = vfma(vld(p + c), vzero(), acc);
-  return hsum(acc) == 0.0f;
-}
-
 // Σ_c a[c]·b[c] over n (a multiple of W) elements: two chains, one horizontal sum
 template <class T>
 static inline float dot(const float* a, const T* b, int n) {
@@ -211,66 +208,188 @@ static inline vf hsum_lanes(vf* x) {
 }
 
 #if defined(ATTNLAB_AVX512)
+#define ATTNLAB_BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
 // q·k of bfloat16 q (exactly: a bfloat16 input's) and keys, pairs of products summed in fp32 by
-// vdpbf16ps: 32 products an instruction, no conversion. s[t] for the nk <= 16 keys at kb.
-// Compiled for AVX-512 BF16 alone; called only where the CPU has it (bf16_dot_ok)
-__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static void dot_keys_dp(
-    const uint16_t* q, const uint16_t* kb, int64_t ldk, int n, float* s, int nk) {
+// vdpbf16ps: 32 products an instruction, no conversion. s[t] for the nk <= 16 keys at kb, n
+// (NC·32, or any multiple of 32 for NC = 0) elements each. One key's sum at a time over q's
+// vectors held in registers, 16 accumulators in registers; keys past nk reread the last key
+// (their lanes dropped), so the loop has one shape and reads nothing outside the block.
+// Compiled for AVX-512 BF16 alone; called only where the CPU has it (cpu_has_bf16)
+template <int NC>
+ATTNLAB_BF16_TARGET static inline void dot_keys_dp_n(const uint16_t* q, const uint16_t* kb,
+                                                     int64_t ldk, int n, float* s, int nk) {
+  constexpr int QR = NC ? NC : 1;
+  __m512bh qc[QR];
+  if (NC)
+    for (int c = 0; c < QR; ++c) qc[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
   __m512 acc[16];
-  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
-  for (int c = 0; c < n; c += 32) {
-    const __m512bh qc = (__m512bh)_mm512_loadu_si512(q + c);
-    for (int t = 0; t < nk; ++t)
-      acc[t] = _mm512_dpbf16_ps(acc[t], qc, (__m512bh)_mm512_loadu_si512(kb + t * ldk + c));
+  for (int t = 0; t < 16; ++t) {
+    const uint16_t* k = kb + (t < nk ? t : nk - 1) * ldk;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    if (NC) {
+      for (int c = 0; c + 1 < QR; c += 2) {
+        a0 = _mm512_dpbf16_ps(a0, qc[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
+        a1 = _mm512_dpbf16_ps(a1, qc[c + 1], (__m512bh)_mm512_loadu_si512(k + 32 * c + 32));
+      }
+      if (QR % 2)
+        a0 = _mm512_dpbf16_ps(a0, qc[QR - 1], (__m512bh)_mm512_loadu_si512(k + 32 * QR - 32));
+    } else {
+      for (int c = 0; c < n; c += 32)
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + c),
+                              (__m512bh)_mm512_loadu_si512(k + c));
+    }
+    acc[t] = _mm512_add_ps(a0, a1);
   }
-  if (nk == 1) {
-    s[0] = _mm512_reduce_add_ps(acc[0]);
+  if (nk == 16) {
+    _mm512_storeu_ps(s, hsum_lanes(acc));
     return;
   }
   float tmp[16];
   _mm512_storeu_ps(tmp, hsum_lanes(acc));
   std::copy(tmp, tmp + nk, s);
 }
+
+ATTNLAB_BF16_TARGET static void dot_keys_dp(const uint16_t* q, const uint16_t* kb, int64_t ldk,
+                                            int n, float* s, int nk) {
+  switch (n / 32) {
+    case 2: return dot_keys_dp_n<2>(q, kb, ldk, n, s, nk);
+    case 4: return dot_keys_dp_n<4>(q, kb, ldk, n, s, nk);
+    case 8: return dot_keys_dp_n<8>(q, kb, ldk, n, s, nk);
+    default: return dot_keys_dp_n<0>(q, kb, ldk, n, s, nk);
+  }
+}
 #endif
 
-// s[t] = q·k_t for the W keys at kb (row stride ldk), n elements each
-template <class T>
-static inline void dot_keys(const float* q, const T* kb, int64_t ldk, int n, float* s) {
+// s[t] = q·k_t for the W keys at kb (row stride ldk), n (NC·W, or any multiple of W for
+// NC = 0) elements each: one key's sum at a time in two chains, W sums in registers
+template <int NC, class T>
+static inline void dot_keys_n(const float* q, const T* kb, int64_t ldk, int n, float* s) {
+  const int nc = NC ? NC : n / W;
   vf acc[W];
-  for (int t = 0; t < W; ++t) acc[t] = vzero();
-  for (int c = 0; c < n; c += W) {
-    const vf qc = vload(q + c);
-    for (int t = 0; t < W; ++t) acc[t] = vfma(qc, vld(kb + t * ldk + c), acc[t]);
+  for (int t = 0; t < W; ++t) {
+    const T* k = kb + t * ldk;
+    vf a0 = vzero(), a1 = vzero();
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) {
+      a0 = vfma(vload(q + c * W), vld(k + c * W), a0);
+      a1 = vfma(vload(q + c * W + W), vld(k + c * W + W), a1);
+    }
+    if (c < nc) a0 = vfma(vload(q + c * W), vld(k + c * W), a0);
+    acc[t] = vadd(a0, a1);
   }
   vstore(s, hsum_lanes(acc));
 }
 
-// o[0..n) = o·alpha + Σ_{t<T} p[t]·V[t·ldv + ·] for n a multiple of W
 template <class T>
-static inline void pv_row(float* o, float alpha, const float* p, const T* V, int64_t ldv, int nt,
-                          int n) {
-  constexpr int NO = 4;
-  int c = 0;
-  for (; c + NO * W <= n; c += NO * W) {
-    vf acc[NO];
-    for (int u = 0; u < NO; ++u) acc[u] = vmul(vload(o + c + u * W), vset(alpha));
-    for (int t = 0; t < nt; ++t) {
-      const vf pt = vset(p[t]);
-      for (int u = 0; u < NO; ++u) acc[u] = vfma(pt, vld(V + t * ldv + c + u * W), acc[u]);
+static inline void dot_keys(const float* q, const T* kb, int64_t ldk, int n, float* s) {
+  switch (W > 1 ? n / W : 0) {
+    case 2: return dot_keys_n<2>(q, kb, ldk, n, s);
+    case 4: return dot_keys_n<4>(q, kb, ldk, n, s);
+    case 8: return dot_keys_n<8>(q, kb, ldk, n, s);
+    case 16: return dot_keys_n<16>(q, kb, ldk, n, s);
+    default: return dot_keys_n<0>(q, kb, ldk, n, s);
+  }
+}
+
+// keys ahead of the ones summed whose K and V rows are requested: one block (with the hardware's
+// stream prefetch alone, which stops at each 4 KiB page and idles while a block computes, a
+// step read the cache at 60-67% of the machine's read bandwidth; a block ahead: 77-122%, two to
+// eight blocks ahead measured no better, benchmarks/decode.py's shapes, 1 and 2 threads)
+constexpr int PF_KEYS = KB;
+
+// one cache line requested into L1. An asm statement: GCC 12 drops a loop of
+// __builtin_prefetch here (the prefetches then never reach the code)
+static ATTNLAB_INLINE void pf(const char* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+// the cache lines of n bytes at p
+static ATTNLAB_INLINE void prefetch_span(const char* p, int64_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), first = a >> 6, last = (a + n - 1) >> 6;
+  const char* line = p - (a & 63);
+  for (int64_t i = 0; i <= (int64_t)(last - first); ++i) pf(line + 64 * i);
+}
+
+// The rows requested while a block is computed, one key's K and V rows per key summed, so the
+// requests spread over the loop (a burst fills the core's miss buffers and stalls it; the
+// hardware's stream prefetch alone stops at each 4 KiB page and idles while the block computes)
+struct Ahead {
+  const char *k = nullptr, *v = nullptr;  // K and V rows of the first key requested
+  int64_t ks = 0, vs = 0, kn = 0, vn = 0;  // row strides, row bytes
+  int n = 0;                               // keys requested at most
+  ATTNLAB_INLINE void at(int t) const {
+    if (t < n) {
+      prefetch_span(k + t * ks, kn);
+      prefetch_span(v + t * vs, vn);
     }
-    for (int u = 0; u < NO; ++u) vstore(o + c + u * W, acc[u]);
   }
-  for (; c < n; c += W) {
-    vf acc = vmul(vload(o + c), vset(alpha));
-    for (int t = 0; t < nt; ++t) acc = vfma(vset(p[t]), vld(V + t * ldv + c), acc);
-    vstore(o + c, acc);
+};
+
+// O[r] = O[r]·alpha[r] + Σ_{t<nt} P[r·ldp + t]·V[t·ldv + ·] for NR rows and NV vectors of
+// columns at c: each V vector loaded (converted) once for all NR rows, NR·NV accumulators;
+// ah (or null): key t requests the rows of its key ahead
+template <int NR, int NV, class T>
+static inline void pv_tile(float* O, int64_t ldo, const float* alpha, const float* P, int64_t ldp,
+                           const T* V, int64_t ldv, int nt, const Ahead* ah) {
+  vf acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < NV; ++u) acc[r][u] = vmul(vload(O + r * ldo + u * W), vset(alpha[r]));
+  for (int t = 0; t < nt; ++t) {
+    if (ah) ah->at(t);
+    vf x[NV];
+    for (int u = 0; u < NV; ++u) x[u] = vld(V + t * ldv + u * W);
+    for (int r = 0; r < NR; ++r) {
+      const vf pt = vset(P[r * ldp + t]);
+      for (int u = 0; u < NV; ++u) acc[r][u] = vfma(pt, x[u], acc[r][u]);
+    }
   }
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < NV; ++u) vstore(O + r * ldo + u * W, acc[r][u]);
+}
+
+template <int NR, class T>
+static inline void pv_cols(float* O, int64_t ldo, const float* alpha, const float* P, int64_t ldp,
+                           const T* V, int64_t ldv, int nt, int n, const Ahead* ah) {
+  constexpr int NO = 4;  // NR·NO accumulators + NO values + 1 weight: within 32 (16) registers
+  int c = 0;
+  for (; c + NO * W <= n; c += NO * W, ah = nullptr)
+    pv_tile<NR, NO>(O + c, ldo, alpha, P, ldp, V + c, ldv, nt, ah);
+  for (; c < n; c += W, ah = nullptr) pv_tile<NR, 1>(O + c, ldo, alpha, P, ldp, V + c, ldv, nt, ah);
+}
+
+// every row at once: O (R, ldo) = O·alpha + P (R, ldp) @ V (nt, ldv) over n (a multiple of W)
+// columns; rows in tiles of 4, so each value row is read from the cache once for 4 rows
+template <class T>
+static inline void pv_rows(float* O, int64_t ldo, const float* alpha, const float* P,
+                           int64_t ldp, const T* V, int64_t ldv, int nt, int R, int n,
+                           const Ahead* ah) {
+  int r = 0;
+  for (; r + 4 <= R; r += 4, ah = nullptr)
+    pv_cols<4>(O + r * ldo, ldo, alpha + r, P + r * ldp, ldp, V, ldv, nt, n, ah);
+  const int left = R - r;
+  O += r * ldo, alpha += r, P += r * ldp;
+  if (left == 3) pv_cols<3>(O, ldo, alpha, P, ldp, V, ldv, nt, n, ah);
+  if (left == 2) pv_cols<2>(O, ldo, alpha, P, ldp, V, ldv, nt, n, ah);
+  if (left == 1) pv_cols<1>(O, ldo, alpha, P, ldp, V, ldv, nt, n, ah);
+}
+
+// keys [j0, j1) of one head of a cache, each row's lines at once (the start of an item)
+static inline void prefetch_rows(const Rows& x, int64_t b, int64_t h, int j0, int j1) {
+  const int64_t bytes = (int64_t)x.n * x.esize;
+  for (int j = j0; j < j1; ++j) prefetch_span(x.row(b, h, j), bytes);
 }
 
 // One item: keys [ja, jb) of group g, its R rows; partial (O, m, l) to O/m/l (O unnormalized).
 // TK, TV: the element types the blocks are read as: the cache's own, read in place (rows of
 // whole vectors), or float, from the scratch rows converted and padded to whole vectors.
-// bad (or null): set when a query row or a cache row read holds NaN/Inf
+// bad (or null): set when a query row or a cache row read holds NaN/Inf. A key row is checked
+// through its scores (q·k is not finite when k is not; a finite product that overflows is
+// reported too, and then merely computed again by the caller's cleaning path), a value row
+// through O (p·v with p in [0, 1] keeps a NaN/Inf in the sum)
 template <class TK, class TV>
 void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m, float* l,
                 float* buf, std::atomic<bool>* bad) {
@@ -279,7 +398,7 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   float* Vb = Kb + KB * DP;             // (KB, DvP) converted values
   float* Q = Vb + KB * DvP;             // (R, DP) queries, zero-padded
   float* Sb = Q + (int64_t)R * DP;      // (R, KB) one block's scores, then P
-  float* alpha = Sb + (int64_t)R * KB;  // (R,) each row's rescale in this block; NaN: no keys
+  float* alpha = Sb + (int64_t)R * KB;  // (R,) each row's rescale in this block
   int* rlo = reinterpret_cast<int*>(alpha + R);  // (R,) row bounds, clipped to the chunk
   int* rhi = rlo + R;
   uint16_t* Qh = reinterpret_cast<uint16_t*>(rhi + R);  // (R, DP) the queries as bfloat16
@@ -307,6 +426,9 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   // in place: the cache's rows (strides in elements); else the scratch's converted rows
   const bool kd = !std::is_same<TK, float>::value || d.k_direct();
   const bool vd = !std::is_same<TV, float>::value || d.v_direct();
+  vf seen = vzero();  // Σ score·0 over the scores computed: NaN when one is not finite
+  prefetch_rows(d.k, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));  // the first block ahead
+  prefetch_rows(d.v, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));
   for (int j0 = ja; j0 < jb; j0 += KB) {
     const int nk = std::min(KB, jb - j0);
     int ba = j0 + nk, bb = j0;  // the block's keys some row attends: [ba, bb)
@@ -328,15 +450,17 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
         std::fill(o + d.D, o + DP, 0.0f);
       }
     }
-    if (bad)
-      for (int j = ba; j < bb; ++j)
-        if (!finite_row(kb + (j - j0) * ldk, DP)) bad->store(true, std::memory_order_relaxed);
-    // every row that sees a key of the block: scores, then its online softmax step
+    // every row that sees a key of the block: scores, then its online softmax step; P (R, KB)
+    // holds each row's weights over the block's attended keys [ba, bb), 0 outside its own
+    const int pa = (ba - j0) / W, pz = (bb - j0 + W - 1) / W;  // P's vectors
     for (int r = 0; r < R; ++r) {
       const int lo = std::max(rlo[r], j0), hi = std::min(rhi[r], j0 + nk);
-      alpha[r] = NAN;
-      if (lo >= hi) continue;
       float* s = Sb + (int64_t)r * KB;
+      alpha[r] = 1.0f;
+      if (lo >= hi) {
+        for (int t = pa; t < pz; ++t) vstore(s + t * W, vzero());
+        continue;
+      }
       const float* qr = Q + (int64_t)r * DP;
       int j = lo;
 #if defined(ATTNLAB_AVX512)
@@ -355,14 +479,27 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
                        d.pos_off - i, d.scale};
       vf mx = vset(NEG_INF);
       const int va = (lo - j0) / W, vb = (hi - j0 + W - 1) / W;
+      for (int t = pa; t < va; ++t) vstore(s + t * W, vzero());
+      for (int t = vb; t < pz; ++t) vstore(s + t * W, vzero());
       for (int t = va; t < vb; ++t) {  // edge lanes outside [lo, hi) -> -inf
         const int jv = j0 + t * W;
-        const vf x = vmask(modify(vload(s + t * W), md, jv, nullptr), jv, lo, hi);
+        const vf raw = vload(s + t * W);
+        vf x;
+        if (jv >= lo && jv + W <= hi) {  // a whole vector of the row's keys
+          seen = vfma(raw, vzero(), seen);
+          x = modify(raw, md, jv, nullptr);
+        } else {
+          seen = vfma(vmask(raw, jv, lo, hi, 0.0f), vzero(), seen);
+          x = vmask(modify(raw, md, jv, nullptr), jv, lo, hi);
+        }
         vstore(s + t * W, x);
         mx = vmax(mx, x);
       }
       const float mo = m[r], mn = std::max(mo, hmax(mx));
-      if (mn == NEG_INF) continue;  // every score -inf (an infinite product): nothing to add
+      if (mn == NEG_INF) {  // every score -inf (an infinite product): nothing to add
+        for (int t = va; t < vb; ++t) vstore(s + t * W, vzero());
+        continue;
+      }
       const float a = mo == NEG_INF ? 0.0f : std::exp(mo - mn);
       vf sum = vzero();
       for (int t = va; t < vb; ++t) {
@@ -386,26 +523,31 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
         std::fill(o + d.Dv, o + DvP, 0.0f);
       }
     }
-    if (bad)
-      for (int j = ba; j < bb; ++j)
-        if (!finite_row(vb + (j - j0) * ldv, DvP)) bad->store(true, std::memory_order_relaxed);
-    for (int r = 0; r < R; ++r) {  // O = O·a + P[lo..hi) @ V[lo..hi)   (1, n) @ (n, Dv)
-      if (std::isnan(alpha[r])) continue;
-      const int lo = std::max(rlo[r], j0), hi = std::min(rhi[r], j0 + nk);
-      pv_row(O + (int64_t)r * DvP, alpha[r], Sb + (int64_t)r * KB + (lo - j0),
-             vb + (lo - j0) * ldv, ldv, hi - lo, DvP);
+    // O = O·a + P[ba..bb) @ V[ba..bb)   (R, n) @ (n, Dv): a row's zero weights outside its keys
+    // add nothing (0·v = 0 for the finite values of a call that passed its check or was cleaned)
+    Ahead ah;  // the keys PF_KEYS ahead of the ones summed here
+    const int fa = ba + PF_KEYS;
+    if (fa < jb) {
+      ah.k = d.k.row(g.b, g.hk, fa), ah.v = d.v.row(g.b, g.hk, fa);
+      ah.ks = d.k.ss * d.k.esize, ah.vs = d.v.ss * d.v.esize;
+      ah.kn = (int64_t)d.k.n * d.k.esize, ah.vn = (int64_t)d.v.n * d.v.esize;
+      ah.n = jb - fa;
     }
+    pv_rows(O, DvP, alpha, Sb + (ba - j0), KB, vb + (ba - j0) * ldv, ldv, bb - ba, R, DvP,
+            ah.n > 0 ? &ah : nullptr);
   }
+  if (bad && (hsum(seen) != 0.0f || !finite_span(O, (int64_t)R * DvP)))
+    bad->store(true, std::memory_order_relaxed);
 }
 
 using ItemFn = void (*)(const Dec&, const Group&, int, int, float*, float*, float*, float*,
                         std::atomic<bool>*);
 
-// values: read in place as stored for one row (each vector converted once); for several rows,
-// converted once into the scratch's float rows that all of them read
+// values: read in place as stored (every row tile of 4 converts a value vector once in registers)
+// when Dv is whole vectors; else converted into the scratch's padded float rows
 template <class TK>
 ItemFn item_for_v(const Dec& d) {
-  if (d.Dv % W || d.R > 1 || d.v.dt == F32) return &chunk_item<TK, float>;
+  if (d.Dv % W || d.v.dt == F32) return &chunk_item<TK, float>;
   return d.v.dt == BF16 ? &chunk_item<TK, bf16> : &chunk_item<TK, f16>;
 }
 
