@@ -9,8 +9,11 @@ table times, in turn in every repeat (a busy machine's load falls on all alike),
 `attnlab.attention` (backend "auto", which takes the decode kernel) and one of
 `torch.nn.functional.scaled_dot_product_attention` (enable_gqa=True) on the same cache, and a
 plain read of as many bytes (`torch.sum` over a float32 buffer of the cache's size, at the same
-thread count): the machine's read bandwidth measured in the same run. Columns: K+V GB/s of each,
-attnlab's fraction of the measured read bandwidth, and × = SDPA time / attnlab time.
+thread count): the machine's read bandwidth measured in the same run. Each step reads its own
+copy of the cache, so none finds a cache another step has just brought into the CPU's caches (a
+large last-level cache holds a step's worth of smaller caches). Columns: K+V GB/s of each,
+attnlab's fraction of the measured read bandwidth, × = SDPA time / attnlab time, and where "auto"
+chose another backend, the decode kernel's own fraction (backend="decode") for comparison.
 `--busy` adds rows with one competing process spinning on a core (one Python loop) during the
 timing: two threads must not be slower than one there.
 """
@@ -55,11 +58,20 @@ def measure(c: Case, repeats: int, sdpa: bool) -> dict:
     q = torch.randn(1, c.H, 1, c.D, generator=g).to(dt)
     k, v = (torch.randn(1, c.Hkv, c.S, c.D, generator=g).to(dt) for _ in range(2))
     buf = torch.randn(c.bytes // 4, generator=g)  # as many bytes as K and V
+
+    def cache():  # each step its own copy: none reads a cache another step has just warmed
+        return k.clone(), v.clone()
+
+    ka, va = cache()
     steps = {"read": lambda: buf.sum(),
-             "attnlab": lambda: attnlab.attention(q, k, v, enable_gqa=True)}
-    if sdpa:
-        steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+             "attnlab": lambda: attnlab.attention(q, ka, va, enable_gqa=True)}
     choice = attnlab.select_backend(q, k, v, enable_gqa=True).backend
+    if choice != "decode":  # what the decode kernel would do where "auto" leaves it
+        kd, vd = cache()
+        steps["decode"] = lambda: attnlab.attention(q, kd, vd, enable_gqa=True, backend="decode")
+    if sdpa:
+        ks, vs = cache()
+        steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, ks, vs, enable_gqa=True)
     return {**interleaved_medians(steps, repeats), "backend": choice}
 
 
@@ -81,15 +93,16 @@ def competing(on: bool):
 def row(c: Case, m: dict) -> str:
     gbs = lambda s: c.bytes / s / 1e9  # noqa: E731
     sd = f"{gbs(m['sdpa']):.2f} | {m['sdpa'] / m['attnlab']:.1f}" if "sdpa" in m else "– | –"
+    dk = f"{m['read'] / m['decode']:.0%}" if "decode" in m else "="
     return (f"| {c.threads} | {'yes' if c.busy else 'no'} | {c.H}/{c.Hkv} | {c.D} | {c.S} | "
             f"{c.dtype} | {c.bytes / 2**20:.0f} | {gbs(m['read']):.2f} | "
             f"{gbs(m['attnlab']):.2f} | {m['read'] / m['attnlab']:.0%} | {sd} | "
-            f"{m['attnlab'] * 1e3:.2f} | {m['backend']} |")
+            f"{m['attnlab'] * 1e3:.2f} | {m['backend']} | {dk} |")
 
 
 HEADER = ["| threads | busy | H/Hkv | D | S | dtype | K+V MiB | read GB/s | attnlab GB/s | "
-          "% of read | SDPA GB/s | × SDPA | attnlab ms | backend |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "% of read | SDPA GB/s | × SDPA | attnlab ms | backend | decode kernel % of read |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def main(argv=None) -> int:
@@ -107,7 +120,7 @@ def main(argv=None) -> int:
     heads = [tuple(int(x) for x in h.split("/")) for h in a.heads]
     if any(len(h) != 2 or h[0] % h[1] for h in heads):
         ap.error("--heads takes H/Hkv pairs with H a multiple of Hkv, e.g. 32/8")
-    print(f"# decode: B = 1, L = 1, one step; median of {a.repeats} repeats, the three timed in "
+    print(f"# decode: B = 1, L = 1, one step; median of {a.repeats} repeats, the steps timed in "
           f"turn; torch {torch.__version__}")
     print("\n".join(HEADER))
     n = torch.get_num_threads()

@@ -238,6 +238,12 @@ def test_auto_takes_decode_shaped_calls_and_says_so():
         assert "decode kernel" in c.reason and "4 query heads" in c.reason
     mha = attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
     assert mha.backend == "sdpa"  # no grouped heads and nothing SDPA cannot say: its kernel
+    picks = {}
+    for S in (16384, 16383):  # K+V 64 MiB and just under: a cache read from memory, or not
+        big = torch.zeros(1, 1, 1, 64).expand(1, 8, S, 64)  # shapes only: nothing is computed
+        picks[S] = attnlab.select_backend(q, big, big)
+    assert picks[16384].backend == "decode" and "a 64 MiB cache" in picks[16384].reason
+    assert picks[16383].backend == "sdpa"
     ragged = masks.padding(key_lengths=[4096])
     assert attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
                                   mask=ragged).backend == "decode"

@@ -66,9 +66,7 @@ def choose(p: Problem, need_lse: bool) -> Choice:
     if mask_grad(p):
         return Choice("math", "a float attn_mask that needs a gradient: autograd through math")
     if decode.takes(p, need_lse):
-        return Choice("decode", f"decode-shaped ({d.L} query rows, {d.S} keys): the compiled "
-                                f"decode kernel ({_isa()}) reads each key/value row once for the "
-                                f"{d.groups} query heads that share it, split over the keys")
+        return Choice("decode", decode.reason(p, need_lse, _isa()))
     if p.is_plain_causal and d.L <= SMALL_CAUSAL and not need_lse and not p.has_modifiers \
             and fused_cpu.applies(p) and (not _records_grad(p) or _lean_grad(p)):
         return Choice("sdpa", f"small top-left causal (L = {d.L} <= {SMALL_CAUSAL}): "

@@ -34,6 +34,13 @@ MAX_ROWS = 16
 #: keys from which "auto" takes the decode kernel over SDPA's and the interval kernel
 #: (`benchmarks/decode.py`); a forced backend="decode" runs any number of keys
 MIN_KEYS = 256
+#: K+V bytes from which "auto" takes the decode kernel for a plain call with one query head per
+#: key/value head (no mask or SDPA's own causal, no modifier, no lse), which SDPA runs as well:
+#: a cache that streams from memory, where the decode kernel read 82-113% of the read bandwidth
+#: measured in the same run and SDPA 61-103% (`benchmarks/decode.py`, 8/8 heads, D 64/128,
+#: fp32/bf16, 32k-64k keys, one thread). A smaller cache sits in the last-level cache, where
+#: SDPA's kernel was as fast or faster (bf16 at 4k-8k keys: 59-63% against 61-76%)
+MHA_MIN_BYTES = 64 << 20
 
 
 def why_not(p: Problem, need_lse: bool = False) -> str | None:
@@ -45,16 +52,41 @@ def why_not(p: Problem, need_lse: bool = False) -> str | None:
 def takes(p: Problem, need_lse: bool = False) -> bool:
     """"auto" runs this call on the decode kernel: a few query rows, a long enough cache, the
     kernel can run it, and SDPA cannot do as well: grouped query heads (SDPA reads each key/value
-    head once per query head), or what SDPA does not express (a structured mask other than
-    top-left causal, softcap/ALiBi, the lse). One query head per key/value head without any of
-    these is SDPA's (`benchmarks/decode.py`: its kernel read the cache 1.2-1.4x faster there).
-    (Forced, the decode kernel runs any number of rows, exactly but not fast.)"""
+    head once per query head), what SDPA does not express (a structured mask other than
+    top-left causal, softcap/ALiBi, the lse), or a cache of at least MHA_MIN_BYTES (read from
+    memory, where the decode kernel reads faster). A smaller plain call with one query head per
+    key/value head is SDPA's. (Forced, the decode kernel runs any number of rows, exactly but
+    not fast.)"""
     if p.dims.L > MAX_ROWS or p.dims.S < MIN_KEYS:
         return False
-    sdpa_says_it = p.structured is None or p.is_plain_causal
-    if p.dims.groups == 1 and sdpa_says_it and not p.has_modifiers and not need_lse:
+    if _plain_mha(p, need_lse) and cache_bytes(p) < MHA_MIN_BYTES:
         return False
     return why_not(p) is None
+
+
+def _plain_mha(p: Problem, need_lse: bool) -> bool:
+    """One query head per key/value head, and nothing SDPA cannot say itself."""
+    sdpa_says_it = p.structured is None or p.is_plain_causal
+    return p.dims.groups == 1 and sdpa_says_it and not p.has_modifiers and not need_lse
+
+
+def cache_bytes(p: Problem) -> int:
+    """The bytes of K and V one step reads."""
+    return p.key.numel() * p.key.element_size() + p.value.numel() * p.value.element_size()
+
+
+def reason(p: Problem, need_lse: bool, isa: str) -> str:
+    """select_backend's words for a call `takes` gave the decode kernel."""
+    d = p.dims
+    head = (f"decode-shaped ({d.L} query rows, {d.S} keys): the compiled decode kernel ({isa}) "
+            "reads each key/value row once")
+    if d.groups > 1:
+        return f"{head} for the {d.groups} query heads that share it, split over the keys"
+    if _plain_mha(p, need_lse):
+        return (f"{head}, split over the keys: a {cache_bytes(p) >> 20} MiB cache (>= "
+                f"{MHA_MIN_BYTES >> 20} MiB) streams from memory, where it reads faster than "
+                "SDPA's kernel")
+    return f"{head}, split over the keys, with what SDPA's kernel cannot express"
 
 
 def _cache(x: torch.Tensor, d) -> torch.Tensor:
