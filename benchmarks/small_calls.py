@@ -9,8 +9,9 @@ checks, its choice of backend, the autograd Function, the NaN/Inf checks, the ke
 table gives the time of one causal call (B = 1, H = 8, D = 64) through `attnlab.attention`
 (is_causal=True, backend "auto") and through `torch.nn.functional.scaled_dot_product_attention`
 (is_causal=True), forward and forward + backward: the median over repeats of bursts of BURST
-calls in a row, the four timed in turn in each repeat; and their ratio (× = SDPA time / attnlab
-time: above 1, attnlab is faster) and difference (+µs = attnlab - SDPA). `--masks none` adds
+calls in a row, the four timed in turn in each repeat (the order reversed every other repeat:
+`medians`); and their ratio (× = SDPA time / attnlab time: above 1, attnlab is faster) and
+difference (+µs = attnlab - SDPA). `--masks none` adds
 calls without a mask. `--clock cpu` times the calling thread's CPU time instead of the wall
 clock: on a machine shared with other jobs the wall clock of a few-µs call is mostly other
 processes' time slices (meaningful for one thread: a helper thread's time is not the caller's).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -55,6 +57,24 @@ def steps(L: int, H: int, D: int, causal: bool = True) -> dict:
     }
 
 
+def medians(steps: dict, repeats: int, clock) -> dict:
+    """`interleaved_medians` of the steps with their order reversed every other repeat: a step
+    right after a backward finds the inputs out of cache (its first call of a burst costs tens
+    of µs more at L = 64, SDPA's as attnlab's), so each step is that one as often as its peer."""
+    for fn in steps.values():
+        for _ in range(5):  # warm up
+            fn()
+    names = list(steps)
+    times: dict = {name: [] for name in names}
+    for r in range(repeats):
+        order = names if r % 2 == 0 else names[::-1]
+        got = interleaved_medians({n: steps[n] for n in order}, 1, warmup=0, burst=BURST,
+                                  clock=clock)
+        for name, t in got.items():
+            times[name].append(t)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def table(lengths, threads, H: int, D: int, repeats: int, masks=("causal",),
           clock=time.perf_counter) -> list[str]:
     rows = ["| threads | mask | L | fwd attnlab µs | fwd SDPA µs | × | +µs | fwd+bwd attnlab µs "
@@ -65,8 +85,7 @@ def table(lengths, threads, H: int, D: int, repeats: int, masks=("causal",),
             torch.set_num_threads(t)
             for mask in masks:
                 for L in lengths:
-                    m = interleaved_medians(steps(L, H, D, mask == "causal"), repeats,
-                                            warmup=5, burst=BURST, clock=clock)
+                    m = medians(steps(L, H, D, mask == "causal"), repeats, clock)
                     a, s = m["attnlab fwd"] * 1e6, m["sdpa fwd"] * 1e6
                     ab, sb = m["attnlab fwd+bwd"] * 1e6, m["sdpa fwd+bwd"] * 1e6
                     rows.append(f"| {t} | {mask} | {L} | {a:.1f} | {s:.1f} | {s / a:.2f} | "

@@ -194,7 +194,11 @@ def _probe():
 
 
 def test_the_probe_states_the_layout_and_whether_the_checked_inputs_are_finite():
-    probe = _probe()
+    op = _probe()
+
+    def probe(q, k, v, check, most=cheap.POST_MAX):
+        return op(q, k, v, check, most)
+
     q, k, v = _qkv(L=3, S=5)
     sig = probe(q, k, v, 2)
     assert sig.endswith("F") and probe(q, k, v, 0).endswith("U")
@@ -212,7 +216,7 @@ def test_the_probe_states_the_layout_and_whether_the_checked_inputs_are_finite()
     assert probe(rows, k, v, 1).endswith("N")
     assert probe(rows.transpose(-1, -2), k, v, 1).endswith("U")  # rows not of unit stride
     assert probe(q.double(), k, v, 1).endswith("U")
-    assert probe(torch.zeros(1, 8, 64, 65), k, v, 1).endswith("U")  # over PROBE_CHECK_MAX
+    assert probe(q, k, v, 1, most=q.numel() - 1).endswith("U")  # more floats than it may read
     assert probe(q.to_sparse(), k, v, 1) == ""  # no plain layout: no plan
 
 
@@ -259,3 +263,24 @@ def test_without_the_probe_the_signature_is_pythons_until_the_kernel_is_loaded()
     assert kernel not in cheap._PROBES  # loaded now: the next call asks the probe
     attnlab.attention(q, k, v)
     assert len(cheap._PLANS) == 2 and type(list(cheap._PLANS)[-1][0]) is str
+
+
+def test_inputs_over_pre_max_are_checked_after_sdpas_kernel_read_them():
+    _probe()
+    q, k, v = _qkv(L=40, S=40, H=4, D=64)  # 10240 floats each: over PRE_MAX, within POST_MAX
+    assert cheap.PRE_MAX < q.numel() <= cheap.POST_MAX
+    attnlab.attention(q, k, v, is_causal=True)  # the plan
+    (sig, plan), = cheap._PLANS.items()
+    assert sig[0].endswith("U") and plan.probe is not None
+    order = []
+    run, probe = plan.sdpa[0], plan.probe
+    plan.sdpa = (lambda *a: order.append("sdpa") or run(*a), *plan.sdpa[1:])
+    plan.probe = lambda *a: order.append("check") or probe(*a)
+    plan.finite = None  # one call of the probe checks all three
+    want = attnlab.attention(q, k, v, is_causal=True, backend="math")
+    assert (attnlab.attention(q, k, v, is_causal=True) - want).abs().max().item() < 1e-5
+    assert order == ["sdpa", "check"]
+    v[0, 2, 30, 5] = float("nan")  # the kernel's result dropped: the full path's rules
+    got = attnlab.attention(q, k, v, is_causal=True)
+    assert torch.isnan(got[0, 2, 30:]).all() and not torch.isnan(got[0, 2, :30]).any()
+    assert not torch.isnan(got[0, :2]).any() and order[2:] == ["sdpa", "check"]

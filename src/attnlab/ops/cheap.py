@@ -13,11 +13,12 @@ full path every time (their tensors' contents would be part of the signature).
 
 Where the compiled kernel is loaded, the tensors' part of the signature comes from its `probe`
 op, which in the same call checks the inputs for NaN/Inf (the query, and with any mask the keys
-and values too: what `run_sdpa`'s rule checks) while they are small; its verdict ('F' finite,
-'N' not, 'U' not decided) is part of the signature. A plan kept under 'F' that runs SDPA's
-kernel as it is runs it with no other check; one under 'N' takes `dispatch.run`, which cleans
-and poisons by the rules; one under 'U' checks as `run_sdpa` says. Elsewhere (the kernel off or
-not built, a tensor subclass) the signature is a Python tuple and plans check as `run_sdpa`.
+and values too: what `run_sdpa`'s rule checks) while each holds at most PRE_MAX floats; its
+verdict ('F' finite, 'N' not, 'U' not decided) is part of the signature. A plan kept under 'F'
+that runs SDPA's kernel as it is runs it with no other check; one under 'N' takes
+`dispatch.run`, which cleans and poisons by the rules; one under 'U' runs `run_sdpa`, which
+checks after the kernel. Elsewhere (the kernel off or not built, a tensor subclass) the
+signature is a Python tuple and plans run `run_sdpa`.
 
 The first call of a signature takes the full path, which raises exactly what it always raised;
 only a call that validated is kept. At most MAX_PLANS signatures are kept, the oldest dropped.
@@ -39,6 +40,14 @@ from attnlab.ops.problem import Problem
 
 #: signatures kept (a model has a few per layer shape; a generation loop one per cache length)
 MAX_PLANS = 256
+#: floats of one input the probe checks before the call, with the signature (L <= 16 at H = 8,
+#: D = 64: 32 KB, a read that costs little even when the inputs are not in cache)
+PRE_MAX = 1 << 13
+#: floats of one input the probe checks after SDPA's kernel has read it (in cache then: a scan
+#: before the kernel would read it from memory, ~80 µs for L = 64's 384 KB after a backward
+#: evicted it, where the kernel itself hides that read behind its arithmetic); larger inputs:
+#: the kernel's `all_finite` on its work queue
+POST_MAX = 1 << 15
 
 
 @dataclasses.dataclass
@@ -56,6 +65,8 @@ class Plan:
     #: call(query, key, value) -> out, or None where an input holds NaN/Inf: the `sdpa` way with
     #: the checks its signature's verdict leaves (`_caller`); None without `sdpa`
     call: object = None
+    #: the kernel's probe for `run_sdpa`'s check of float32 CPU inputs, else None
+    probe: object = None
 
 
 _PLANS: OrderedDict = OrderedDict()
@@ -84,7 +95,8 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
         probe = _probe_for(kernel)
     if probe is not None and type(query) is type(key) is type(value) is _TENSOR:
         # layouts, grad mode and the NaN/Inf verdict; the keys and values checked with any mask
-        layout = probe(query, key, value, 1 if is_causal is False and mask is None else 2)
+        layout = probe(query, key, value, 1 if is_causal is False and mask is None else 2,
+                       PRE_MAX)
         if not layout:  # a tensor without a plain layout (sparse, nested, a functorch wrapper)
             return None, None
         sig = (layout, dropout_p, is_causal, scale, enable_gqa, id(mask), softcap, return_lse,
@@ -160,25 +172,35 @@ def run_sdpa(plan: Plan, query, key, value):
     """out of a plan that calls SDPA's kernel as it is, or None when an input holds NaN/Inf (the
     call then takes `dispatch.run`, which cleans and poisons by the rules). Without a mask every
     row sees every key, so only the queries are checked (as `dispatch.run` does); with the
-    causal mask the keys and values too."""
+    causal mask the keys and values too. They are checked after the kernel has read them (in
+    cache then), its result dropped where one is not finite: by the probe in one call up to
+    POST_MAX floats each, else one by one (`plan.finite`)."""
     run, causal, scale, gqa = plan.sdpa
+    out = run(query, key, value, causal, scale) if gqa is None else \
+        run(query, key, value, causal, scale, gqa)
+    if plan.probe is not None:
+        verdict = plan.probe(query, key, value, 2 if causal else 1, POST_MAX)[-1]
+        if verdict != "U":
+            return out if verdict == "F" else None
     finite = plan.finite
     if not finite(query) or (causal and not (finite(key) and finite(value))):
         return None
-    if gqa is None:
-        return run(query, key, value, causal, scale)
-    return run(query, key, value, causal, scale, gqa)
+    return out
 
 
 def _caller(plan: Plan, verdict: str):
-    """plan.call: SDPA's kernel with no check where the probe found the inputs finite, else
+    """plan.call: SDPA's kernel with no check where the probe found the inputs finite (no
+    Python frame of ours around it: a partial of SDPA itself, or of `sdpa.flash`), else
     `run_sdpa` (the probe left the check to it). A plan under 'N' keeps no `sdpa`."""
     if verdict != "F":
         return functools.partial(run_sdpa, plan)
     run, causal, scale, gqa = plan.sdpa
-    if gqa is None:
-        return lambda q, k, v: run(q, k, v, causal, scale)
-    return lambda q, k, v: run(q, k, v, causal, scale, gqa)
+    if run is _sdpa_plain:
+        if gqa:
+            return functools.partial(F.scaled_dot_product_attention, is_causal=causal,
+                                     scale=scale, enable_gqa=True)
+        return functools.partial(F.scaled_dot_product_attention, is_causal=causal, scale=scale)
+    return functools.partial(run, is_causal=causal, scale=scale)  # sdpa.flash
 
 
 def _finite_with(ops):
@@ -216,6 +238,8 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     plan = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
     if how is not None:
         plan.call = _caller(plan, verdict)
+        if p.query.dtype == torch.float32:  # a CPU call (`_sdpa_as_is`)
+            plan.probe = _PROBES.get(sig[-2])
     _PLANS[sig] = plan
     if _PROBES.get(sig[-2], 0) is None and build.loaded() is not None:
         del _PROBES[sig[-2]]  # the kernel was loaded since: the next call takes its probe

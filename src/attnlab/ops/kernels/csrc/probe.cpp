@@ -22,10 +22,10 @@ bool plain(const at::Tensor& x) {
          !x.key_set().has_any(wrapped);
 }
 
-// the probe reads x itself: float32 on the CPU, at most PROBE_CHECK_MAX floats, rows (the last
-// dim) of unit stride
-bool checkable(const at::Tensor& x) {
-  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.numel() <= PROBE_CHECK_MAX &&
+// the probe reads x itself: float32 on the CPU, at most `most` floats, rows (the last dim) of
+// unit stride
+bool checkable(const at::Tensor& x, int64_t most) {
+  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.numel() <= most &&
          (x.dim() == 0 || x.size(-1) <= 1 || x.stride(-1) == 1);
 }
 
@@ -58,7 +58,8 @@ void put(std::string& s, int64_t v) {
 
 }  // namespace
 
-std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
+std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check,
+                  int64_t most) {
   const at::Tensor* xs[3] = {&q, &k, &v};
   std::string s;
   s.reserve(64);
@@ -76,7 +77,7 @@ std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int n = check <= 0 ? 0 : check == 1 ? 1 : 3;  // the tensors checked: q, or q, k, v
   char verdict = n ? 'F' : 'U';
   for (int i = 0; i < n && verdict == 'F'; ++i)
-    if (!checkable(*xs[i])) verdict = 'U';
+    if (!checkable(*xs[i], most)) verdict = 'U';
   for (int i = 0; i < n && verdict == 'F'; ++i)
     if (!finite(*xs[i])) verdict = 'N';
   s.push_back(verdict);

@@ -8,16 +8,14 @@
 
 namespace attnlab_k {
 
-// floats of one tensor the probe checks itself (one thread, the tensor in cache: a few µs at
-// most); a larger tensor is left to the caller's check, on the kernel's work queue
-constexpr int64_t PROBE_CHECK_MAX = int64_t(1) << 15;
-
 // The exact layout of q, k, v — each one's sizes, strides, dtype, device and requires_grad —
 // and the grad mode, as one string (equal strings: equal layouts), ended by a verdict on their
 // values: 'F' no NaN/Inf in the tensors `check` names (0 none, 1 q, 2 q, k and v), 'N' a
 // NaN/Inf in one of them, 'U' not decided here (check 0, or a checked tensor not float32 on the
-// CPU, over PROBE_CHECK_MAX floats, or whose rows are not unit-stride). "" for a tensor with no
-// plain layout (sparse, nested, a functorch wrapper, no storage): such a call keeps no plan.
-std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
+// CPU, over `most` floats, or whose rows are not unit-stride); the checks run on this thread,
+// the tensors read in place. "" for a tensor with no plain layout (sparse, nested, a functorch
+// wrapper, no storage): such a call keeps no plan.
+std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check,
+                  int64_t most);
 
 }  // namespace attnlab_k
