@@ -18,8 +18,11 @@ copy of the cache, so none finds a cache another step has just brought into the 
 large last-level cache holds a step's worth of smaller caches). Columns: K+V GB/s of each,
 attnlab's fraction of the measured read bandwidth, × = SDPA time / attnlab time, and where "auto"
 chose another backend, the decode kernel's own fraction (backend="decode") for comparison.
-`--busy` adds rows with one competing process spinning on a core (one Python loop) during the
-timing: two threads must not be slower than one there.
+Rows with more than one thread also time the same call on one thread in turn: "× 1 thread" =
+its time / the row's (at least 1.0: the threads are no slower than one), measured in the same
+moments, since a busy machine's load moves between rows. `--busy` adds rows with one competing
+process spinning on a core (one Python loop) during the timing: two threads must not be slower
+than one there.
 """
 
 from __future__ import annotations
@@ -77,6 +80,17 @@ def measure(c: Case, repeats: int, sdpa: bool) -> dict:
     if choice != "decode":  # what the decode kernel would do where "auto" leaves it
         kd, vd = cache()
         steps["decode"] = lambda: attnlab.attention(q, kd, vd, enable_gqa=True, backend="decode")
+    if c.threads > 1:  # the same call on one thread, timed in turn: 2 threads against 1 at once
+        k1, v1 = cache()
+
+        def one_thread():
+            torch.set_num_threads(1)
+            try:
+                attnlab.attention(q, k1, v1, enable_gqa=True)
+            finally:
+                torch.set_num_threads(c.threads)
+
+        steps["attnlab_1t"] = one_thread
     if sdpa:
         ks, vs = cache()
         steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, ks, vs, enable_gqa=True)
@@ -105,16 +119,17 @@ def row(c: Case, m: dict) -> str:
     sd = f"{gbs(m['sdpa']):.2f} | {m['sdpa'] / m['attnlab']:.1f}" if "sdpa" in m else "– | –"
     dk = f"{m['ref'] / m['decode']:.0%}" if "decode" in m else "="
     rq = f"{gbs(m['read_q']):.2f}" if "read_q" in m else "–"
+    t1 = f"{m['attnlab_1t'] / m['attnlab']:.2f}" if "attnlab_1t" in m else "–"
     return (f"| {c.threads} | {'yes' if c.busy else 'no'} | {c.H}/{c.Hkv} | {c.D} | {c.S} | "
             f"{c.dtype} | {c.bytes / 2**20:.0f} | {gbs(m['read']):.2f} | {rq} | "
             f"{gbs(m['attnlab']):.2f} | {m['ref'] / m['attnlab']:.0%} | {sd} | "
-            f"{m['attnlab'] * 1e3:.2f} | {m['backend']} | {dk} |")
+            f"{m['attnlab'] * 1e3:.2f} | {t1} | {m['backend']} | {dk} |")
 
 
 HEADER = ["| threads | busy | H/Hkv | D | S | dtype | K+V MiB | read GB/s | read (queue) GB/s | "
-          "attnlab GB/s | % of read | SDPA GB/s | × SDPA | attnlab ms | backend | "
+          "attnlab GB/s | % of read | SDPA GB/s | × SDPA | attnlab ms | × 1 thread | backend | "
           "decode kernel % of read |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def main(argv=None) -> int:

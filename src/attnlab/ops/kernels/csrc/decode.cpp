@@ -6,8 +6,9 @@
 // non-exact bfloat16 key for several rows: converted once into L1 scratch), an online softmax,
 // then O += P·V for all rows at once, each value vector loaded once per 4 rows. The K and V rows
 // a block ahead are requested while a block is computed. Each cache row is read from memory once
-// per step whatever G is. A head's chunks leave (O, m, l) partials; the item that finishes last
-// merges them: m = max m_c, l = Σ l_c·e^(m_c - m), O = Σ O_c·e^(m_c - m) / l, lse = m + log l.
+// per step whatever G is. A head's chunks leave (O, m, l) partials; the calling thread merges
+// them once every item is done: m = max m_c, l = Σ l_c·e^(m_c - m), O = Σ O_c·e^(m_c - m) / l,
+// lse = m + log l. The caller never waits for a helper thread (run_shared).
 #include "decode.h"
 
 #include <ATen/Parallel.h>
@@ -126,7 +127,7 @@ struct Dec {
 // One head group (b, hk, sub): its rows' union of key intervals and where its chunks start.
 struct Group {
   int b, hk, sub, klo, khi, nch;
-  int64_t first_item, part;  // its first work item; its partials' offset in floats (nch > 1)
+  int64_t first_item;  // its first work item
 };
 
 size_t scratch_floats(const Dec& d) {
@@ -581,21 +582,21 @@ ItemFn item_fn(const Dec& d, int64_t qn) {
 }
 
 // the rows of one group from its chunks' partials (or its one chunk), normalized into out/lse
-void finish_group(const Dec& d, const Group& g, const float* part, float* out, float* lse) {
+void finish_group(const Dec& d, const Group& g, const float* const* parts, float* out,
+                  float* lse) {
   const int R = d.R, DvP = d.DvP, n = g.nch;
-  const int64_t each = (int64_t)R * (DvP + 2);  // one chunk's O (R, DvP), m (R,), l (R,)
   const int h0 = g.hk * d.G + g.sub * d.GH;
   for (int r = 0; r < R; ++r) {
     const int h = h0 + r / d.L, i = r % d.L;
     const int64_t row = ((int64_t)g.b * d.H + h) * d.L + i;
     float* o = out + row * d.Dv;
     float M = NEG_INF;
-    for (int c = 0; c < n; ++c) M = std::max(M, part[c * each + (int64_t)R * DvP + r]);
+    for (int c = 0; c < n; ++c) M = std::max(M, parts[c][(int64_t)R * DvP + r]);
     float sum = 0.0f;
     std::fill(o, o + d.Dv, 0.0f);
     if (M != NEG_INF)
       for (int c = 0; c < n; ++c) {
-        const float* pc = part + c * each;
+        const float* pc = parts[c];
         const float mc = pc[(int64_t)R * DvP + r], lc = pc[(int64_t)R * DvP + R + r];
         if (mc == NEG_INF) continue;
         const float w = std::exp(mc - M);
@@ -611,6 +612,71 @@ void finish_group(const Dec& d, const Group& g, const float* part, float* out, f
       std::fill(o, o + d.Dv, 0.0f);
       lse[row] = NEG_INF;
     }
+  }
+}
+
+// One call's items, shared with helper threads that may still run after the call returned:
+// they then hold the tensors they read (hold), and what they compute is dropped
+struct Shared {
+  Dec d;
+  std::vector<Group> groups;
+  std::vector<int64_t> owner;  // item -> its group
+  int64_t chunk = 0, n = 0, each = 0;  // each: floats of one partial, O (R, DvP), m (R,), l (R,)
+  size_t scratch = 0;
+  ItemFn fn = nullptr;
+  bool check = false;
+  std::vector<Tensor> hold;  // q, k, v, lo, hi, slopes
+  std::atomic<int64_t> next{0};
+  std::unique_ptr<std::atomic<int>[]> done_by;  // per item: -1, or the thread whose partial counts
+  std::vector<std::vector<float>> result;        // per thread: its partial of every item it ran
+  std::atomic<bool> bad{false};
+};
+
+// item by thread t into its own partial, which counts unless another thread's already does
+void run_one(Shared& s, int t, int64_t item, float* buf) {
+  const Group& g = s.groups[s.owner[item]];
+  const int c = (int)(item - g.first_item), R = s.d.R;
+  const int ja = g.klo + c * (int)s.chunk, jb = std::min(g.khi, ja + (int)s.chunk);
+  const int64_t ro = (int64_t)R * s.d.DvP;
+  float* pc = s.result[t].data() + item * s.each;
+  if (ja < jb)
+    s.fn(s.d, g, ja, jb, pc, pc + ro, pc + ro + R, buf, s.check ? &s.bad : nullptr);
+  else  // a group no row of which attends anything
+    for (int r = 0; r < R; ++r) pc[ro + r] = NEG_INF;
+  int none = -1;  // acq_rel: the caller that reads this partial sees it whole
+  s.done_by[item].compare_exchange_strong(none, t, std::memory_order_acq_rel);
+}
+
+// thread t's share: the next item no thread has claimed, until none is left
+void pull(Shared& s, int t) {
+  if (t > 0 && s.next.load() >= s.n) return;  // a helper the OS started late: nothing left
+  std::vector<float> buf(s.scratch + 16);
+  s.result[t].assign(s.n * s.each, 0.0f);
+  for (int64_t i; (i = s.next.fetch_add(1)) < s.n;) run_one(s, t, i, buf.data());
+}
+
+// Every item on the calling thread and its helpers, then the groups merged by the caller. The
+// caller never waits for a helper: an item a helper claimed and has not finished (the OS holds
+// the helper off the core, as on a machine busy with other work, where waiting for one took a
+// 2-thread step to 3x the time of one thread) is computed by the caller too, and the first
+// partial done counts (every thread computes an item alike)
+void run_shared(const std::shared_ptr<Shared>& sp, int64_t T, float* out, float* lse) {
+  Shared& s = *sp;
+  s.result.resize(T);
+  for (int64_t t = 1; t < T; ++t) at::launch([sp, t] { pull(*sp, (int)t); });
+  pull(s, 0);
+  std::vector<float> buf(s.scratch + 16);
+  for (int64_t i = 0; i < s.n; ++i)
+    if (s.done_by[i].load(std::memory_order_acquire) < 0) run_one(s, 0, i, buf.data());
+  std::vector<const float*> parts;
+  for (const Group& g : s.groups) {
+    parts.clear();
+    for (int c = 0; c < g.nch; ++c) {
+      const int64_t item = g.first_item + c;
+      parts.push_back(s.result[s.done_by[item].load(std::memory_order_acquire)].data() +
+                      item * s.each);
+    }
+    finish_group(s.d, g, parts.data(), out, lse);
   }
 }
 
@@ -707,7 +773,7 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
   for (int b = 0; b < d.B; ++b)
     for (int hk = 0; hk < d.Hkv; ++hk)
       for (int sub = 0; sub < d.nsub; ++sub) {
-        Group g{b, hk, sub, d.S, 0, 0, 0, 0};
+        Group g{b, hk, sub, d.S, 0, 0, 0};
         const int h0 = hk * d.G + sub * d.GH;
         for (int h = h0; h < h0 + d.GH; ++h)
           for (int i = 0; i < d.L; ++i) {
@@ -735,38 +801,35 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
     chunk = (int64_t)std::max(min_keys, std::ceil(keys / want));
   }
   chunk = std::max<int64_t>(KB, (chunk + KB - 1) / KB * KB);
-  int64_t items = 0, part_floats = 0;
-  const int64_t each = (int64_t)d.R * (d.DvP + 2);
+  auto sp = std::make_shared<Shared>();
+  Shared& sh = *sp;
+  int64_t items = 0;
   for (Group& g : groups) {
     g.nch = std::max<int>(1, (int)((g.khi - g.klo + chunk - 1) / chunk));
     g.first_item = items;
     items += g.nch;
-    g.part = part_floats;
-    part_floats += g.nch * each;
   }
-  std::vector<float> part(part_floats);
-  std::unique_ptr<std::atomic<int>[]> left(new std::atomic<int>[groups.size()]);
-  for (size_t i = 0; i < groups.size(); ++i) left[i].store(groups[i].nch);
-  std::vector<int64_t> owner(items), order(items);
+  sh.owner.resize(items);
   for (size_t i = 0; i < groups.size(); ++i)
-    for (int c = 0; c < groups[i].nch; ++c) owner[groups[i].first_item + c] = (int64_t)i;
-  for (int64_t i = 0; i < items; ++i) order[i] = i;  // chunks are of one size: in order
-  std::atomic<bool> bad{false};
-  const ItemFn run_chunk = item_fn(d, q.numel());
-  run_items(order, scratch_floats(d), [&](int64_t item, float* buf) {
-    const Group& g = groups[owner[item]];
-    const int c = (int)(item - g.first_item);
-    const int ja = g.klo + c * (int)chunk, jb = std::min(g.khi, ja + (int)chunk);
-    float* pc = part.data() + g.part + c * each;  // (R, DvP) O, then m (R,), l (R,)
-    if (ja < jb) run_chunk(d, g, ja, jb, pc, pc + (int64_t)d.R * d.DvP,
-                           pc + (int64_t)d.R * d.DvP + d.R, buf, check ? &bad : nullptr);
-    else  // a group no row of which attends anything
-      for (int r = 0; r < d.R; ++r) pc[(int64_t)d.R * d.DvP + r] = NEG_INF;
-    // the last chunk of a group to finish merges them (acq_rel: it sees the others' partials)
-    if (left[owner[item]].fetch_sub(1, std::memory_order_acq_rel) == 1)
-      finish_group(d, g, part.data() + g.part, po, pl);
-  }, stream_ns(bytes / 4));
-  return {out, lse, check && !bad.load()};
+    for (int c = 0; c < groups[i].nch; ++c) sh.owner[groups[i].first_item + c] = (int64_t)i;
+  sh.d = d;
+  sh.groups = std::move(groups);
+  sh.chunk = chunk;
+  sh.n = items;
+  sh.each = (int64_t)d.R * (d.DvP + 2);
+  sh.scratch = scratch_floats(d);
+  sh.fn = item_fn(d, q.numel());
+  sh.check = check;
+  sh.hold = {q, k, v, lo, hi};
+  if (slopes.has_value()) sh.hold.push_back(*slopes);
+  sh.done_by.reset(new std::atomic<int>[items]);
+  for (int64_t i = 0; i < items; ++i) sh.done_by[i].store(-1);
+  // helpers: as run_items counts them (one per HELPER_NS of work, at most the threads)
+  const int64_t helpers = std::min<int64_t>(
+      {T, items, 1 + (int64_t)std::min(stream_ns(bytes / 4) / HELPER_NS, 1e9)});
+  run_shared(sp, helpers, po, pl);
+  const bool bad = sh.bad.load();
+  return {out, lse, check && !bad};
 }
 
 }  // namespace attnlab_k
