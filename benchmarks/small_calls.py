@@ -9,12 +9,12 @@ checks, its choice of backend, the autograd Function, the NaN/Inf checks, the ke
 table gives the time of one causal call (B = 1, H = 8, D = 64) through `attnlab.attention`
 (is_causal=True, backend "auto") and through `torch.nn.functional.scaled_dot_product_attention`
 (is_causal=True), forward and forward + backward: the median over repeats of bursts of BURST
-calls in a row, the four timed in turn in each repeat (the order reversed every other repeat:
-`medians`); and their ratio (× = SDPA time / attnlab time: above 1, attnlab is faster) and
-difference (+µs = attnlab - SDPA). `--masks none` adds
-calls without a mask. `--clock cpu` times the calling thread's CPU time instead of the wall
-clock: on a machine shared with other jobs the wall clock of a few-µs call is mostly other
-processes' time slices (meaningful for one thread: a helper thread's time is not the caller's).
+calls in a row, the four timed in turn in each repeat (each pair's two swapping places every
+other repeat: `medians`); and their ratio (× = SDPA time / attnlab time: above 1, attnlab is
+faster) and difference (+µs = attnlab - SDPA). `--masks none` adds calls without a mask.
+`--clock cpu` times the calling thread's CPU time instead of the wall clock: on a machine
+shared with other jobs the wall clock of a few-µs call is mostly other processes' time slices
+(meaningful for one thread: a helper thread's time is not the caller's).
 """
 
 from __future__ import annotations
@@ -58,16 +58,19 @@ def steps(L: int, H: int, D: int, causal: bool = True) -> dict:
 
 
 def medians(steps: dict, repeats: int, clock) -> dict:
-    """`interleaved_medians` of the steps with their order reversed every other repeat: a step
-    right after a backward finds the inputs out of cache (its first call of a burst costs tens
-    of µs more at L = 64, SDPA's as attnlab's), so each step is that one as often as its peer."""
+    """`interleaved_medians` of the steps, attnlab's and SDPA's of each pair swapping places
+    every other repeat: a step right after a backward finds its inputs out of cache (its burst's
+    first call costs up to tens of µs more at L = 64, SDPA's as attnlab's), so each step comes
+    after the other pair's backward as often as its peer does (in one fixed order, SDPA against
+    itself reads 0.93× at L = 1 and 64)."""
     for fn in steps.values():
         for _ in range(5):  # warm up
             fn()
-    names = list(steps)
+    names = list(steps)  # (attnlab, SDPA) pairs
+    swapped = [n for i in range(0, len(names), 2) for n in names[i:i + 2][::-1]]
     times: dict = {name: [] for name in names}
     for r in range(repeats):
-        order = names if r % 2 == 0 else names[::-1]
+        order = names if r % 2 == 0 else swapped
         got = interleaved_medians({n: steps[n] for n in order}, 1, warmup=0, burst=BURST,
                                   clock=clock)
         for name, t in got.items():

@@ -34,3 +34,11 @@ def test_masks_and_clocks(sc, capsys):
 def test_bad_numbers_are_refused(sc):
     with pytest.raises(SystemExit):
         sc.main(["--repeats", "0"])
+
+
+def test_each_pair_swaps_places_every_other_repeat(sc):
+    seen = []
+    steps = {name: (lambda n=name: seen.append(n)) for name in ("a", "s", "ab", "sb")}
+    sc.medians(steps, 2, clock=lambda: 0.0)
+    bursts = [seen[i] for i in range(4 * 5, len(seen), sc.BURST)]  # after the warm-up calls
+    assert bursts == ["a", "s", "ab", "sb", "s", "a", "sb", "ab"]  # each after a backward once

@@ -5,6 +5,7 @@ a plan is never served for another mask object, another kernel switch, or held i
 from __future__ import annotations
 
 import gc
+import math
 import weakref
 
 import pytest
@@ -196,8 +197,8 @@ def _probe():
 def test_the_probe_states_the_layout_and_whether_the_checked_inputs_are_finite():
     op = _probe()
 
-    def probe(q, k, v, check, most=cheap.POST_MAX):
-        return op(q, k, v, check, most)
+    def probe(q, k, v, check, most=cheap.POST_MAX):  # check: 0 none, 1 q, 2 q, k and v
+        return op(q, k, v, (0, -most, most)[check])
 
     q, k, v = _qkv(L=3, S=5)
     sig = probe(q, k, v, 2)
@@ -284,3 +285,17 @@ def test_inputs_over_pre_max_are_checked_after_sdpas_kernel_read_them():
     got = attnlab.attention(q, k, v, is_causal=True)
     assert torch.isnan(got[0, 2, 30:]).all() and not torch.isnan(got[0, 2, :30]).any()
     assert not torch.isnan(got[0, :2]).any() and order[2:] == ["sdpa", "check"]
+
+
+@pytest.mark.parametrize("D, scale", [(80, None), (80, 0.3), (64, 0.125)])
+def test_a_plain_plan_leaves_sdpa_its_default_scale_only_where_it_is_the_same(D, scale):
+    _probe()
+    q, k, v = _qkv(L=4, S=4, D=D)
+    attnlab.attention(q, k, v, is_causal=True, scale=scale)  # the plan
+    (plan,) = cheap._PLANS.values()
+    assert ("scale" in plan.call.keywords) == (scale == 0.3)  # 0.125 = 1/sqrt(64): the default
+    got = attnlab.attention(q, k, v, is_causal=True, scale=scale)
+    explicit = 1 / math.sqrt(D) if scale is None else scale
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             scale=explicit)
+    assert torch.equal(got, want)

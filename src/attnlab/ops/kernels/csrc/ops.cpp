@@ -525,5 +525,5 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
         "float softcap, int pos_off, int chunk=0, bool check=False) -> (Tensor, Tensor, bool)",
         &attnlab_k::decode);
   m.def("decode_bf16_path() -> int", &attnlab_k::decode_bf16_path);
-  m.def("probe(Tensor q, Tensor k, Tensor v, int check, int most) -> str", &attnlab_k::probe);
+  m.def("probe(Tensor q, Tensor k, Tensor v, int check) -> str", &attnlab_k::probe);
 }

@@ -58,8 +58,7 @@ void put(std::string& s, int64_t v) {
 
 }  // namespace
 
-std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check,
-                  int64_t most) {
+std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
   const at::Tensor* xs[3] = {&q, &k, &v};
   std::string s;
   s.reserve(64);
@@ -74,7 +73,8 @@ std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     put(s, x->requires_grad());
   }
   put(s, at::GradMode::is_enabled());
-  const int n = check <= 0 ? 0 : check == 1 ? 1 : 3;  // the tensors checked: q, or q, k, v
+  const int n = check == 0 ? 0 : check < 0 ? 1 : 3;  // the tensors checked: q, or q, k, v
+  const int64_t most = check < 0 ? -check : check;
   char verdict = n ? 'F' : 'U';
   for (int i = 0; i < n && verdict == 'F'; ++i)
     if (!checkable(*xs[i], most)) verdict = 'U';

@@ -10,12 +10,11 @@ namespace attnlab_k {
 
 // The exact layout of q, k, v — each one's sizes, strides, dtype, device and requires_grad —
 // and the grad mode, as one string (equal strings: equal layouts), ended by a verdict on their
-// values: 'F' no NaN/Inf in the tensors `check` names (0 none, 1 q, 2 q, k and v), 'N' a
-// NaN/Inf in one of them, 'U' not decided here (check 0, or a checked tensor not float32 on the
-// CPU, over `most` floats, or whose rows are not unit-stride); the checks run on this thread,
-// the tensors read in place. "" for a tensor with no plain layout (sparse, nested, a functorch
-// wrapper, no storage): such a call keeps no plan.
-std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check,
-                  int64_t most);
+// values: 'F' no NaN/Inf in the tensors checked, 'N' a NaN/Inf in one of them, 'U' not decided
+// here. check: 0 checks nothing ('U'); n > 0 checks q, k and v, -n the query alone, each when it
+// is float32 on the CPU, of unit-stride rows and at most n floats (else 'U'), on this thread,
+// read in place. "" for a tensor with no plain layout (sparse, nested, a functorch wrapper, no
+// storage): such a call keeps no plan.
+std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
 
 }  // namespace attnlab_k
