@@ -5,7 +5,8 @@
 
 A decoding step reads every key and value of the cache once, 2·S·Hkv·D·(element size) bytes,
 and does a few multiply-adds per byte: its limit is the machine's read bandwidth. Each row of the
-table times, in turn in every repeat (a busy machine's load falls on all alike), one step of
+table times, in turn in every repeat (a busy machine's load falls on all alike; the order rotated
+by one every repeat, `rotated_medians`), one step of
 `attnlab.attention` (backend "auto", which takes the decode kernel) and one of
 `torch.nn.functional.scaled_dot_product_attention` (enable_gqa=True) on the same cache, and two
 plain reads of as many bytes at the same thread count: `torch.sum` over a float32 buffer of the
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -94,9 +97,21 @@ def measure(c: Case, repeats: int, sdpa: bool) -> dict:
     if sdpa:
         ks, vs = cache()
         steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, ks, vs, enable_gqa=True)
-    m = interleaved_medians(steps, repeats)
+    m = rotated_medians(steps, repeats)
     m["ref"] = min(m["read"], m.get("read_q", m["read"]))  # the faster read: the bar
     return {**m, "backend": choice}
+
+
+def rotated_medians(steps: dict, repeats: int) -> dict:
+    """Median seconds of each step, the steps timed in turn with the order rotated by one every
+    repeat: each step follows each other as often (a step right after one that ran on PyTorch's
+    OpenMP threads finds them still spinning on the cores, which slowed the kernel's own threads
+    there; SDPA and torch.sum run on OpenMP)."""
+    names = list(steps)
+    per = [interleaved_medians({n: steps[n] for n in names[r % len(names):] +
+                                names[:r % len(names)]}, 1, warmup=int(r == 0))
+           for r in range(repeats)]
+    return {n: statistics.median(p[n] for p in per) for n in names}
 
 
 @contextlib.contextmanager
@@ -148,7 +163,8 @@ def main(argv=None) -> int:
     if any(len(h) != 2 or h[0] % h[1] for h in heads):
         ap.error("--heads takes H/Hkv pairs with H a multiple of Hkv, e.g. 32/8")
     print(f"# decode: B = 1, L = 1, one step; median of {a.repeats} repeats, the steps timed in "
-          f"turn; torch {torch.__version__}")
+          f"turn, their order rotated every repeat; torch {torch.__version__}; load "
+          f"{os.getloadavg()[0]:.2f}")
     print("\n".join(HEADER))
     n = torch.get_num_threads()
     try:

@@ -385,6 +385,7 @@ static inline void prefetch_rows(const Rows& x, int64_t b, int64_t h, int j0, in
 }
 
 // One item: keys [ja, jb) of group g, its R rows; partial (O, m, l) to O/m/l (O unnormalized).
+// done: the item's flag; once another thread's partial of it counts (>= 0), this one stops.
 // TK, TV: the element types the blocks are read as: the cache's own, read in place (rows of
 // whole vectors), or float, from the scratch rows converted and padded to whole vectors.
 // bad (or null): set when a query row or a cache row read holds NaN/Inf. A key row is checked
@@ -393,7 +394,7 @@ static inline void prefetch_rows(const Rows& x, int64_t b, int64_t h, int j0, in
 // through O (p·v with p in [0, 1] keeps a NaN/Inf in the sum)
 template <class TK, class TV>
 void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m, float* l,
-                float* buf, std::atomic<bool>* bad) {
+                float* buf, std::atomic<bool>* bad, const std::atomic<int>* done) {
   const int R = d.R, DP = d.DP, DvP = d.DvP;
   float* Kb = buf;                      // (KB, DP) converted keys
   float* Vb = Kb + KB * DP;             // (KB, DvP) converted values
@@ -431,6 +432,7 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   prefetch_rows(d.k, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));  // the first block ahead
   prefetch_rows(d.v, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));
   for (int j0 = ja; j0 < jb; j0 += KB) {
+    if (done && done->load(std::memory_order_relaxed) >= 0) return;  // another thread's counts
     const int nk = std::min(KB, jb - j0);
     int ba = j0 + nk, bb = j0;  // the block's keys some row attends: [ba, bb)
     for (int r = 0; r < R; ++r)
@@ -542,7 +544,7 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
 }
 
 using ItemFn = void (*)(const Dec&, const Group&, int, int, float*, float*, float*, float*,
-                        std::atomic<bool>*);
+                        std::atomic<bool>*, const std::atomic<int>*);
 
 // values: read in place as stored (every row tile of 4 converts a value vector once in registers)
 // when Dv is whole vectors; else converted into the scratch's padded float rows
@@ -640,7 +642,8 @@ void run_one(Shared& s, int t, int64_t item, float* buf) {
   const int64_t ro = (int64_t)R * s.d.DvP;
   float* pc = s.result[t].data() + item * s.each;
   if (ja < jb)
-    s.fn(s.d, g, ja, jb, pc, pc + ro, pc + ro + R, buf, s.check ? &s.bad : nullptr);
+    s.fn(s.d, g, ja, jb, pc, pc + ro, pc + ro + R, buf, s.check ? &s.bad : nullptr,
+         &s.done_by[item]);
   else  // a group no row of which attends anything
     for (int r = 0; r < R; ++r) pc[ro + r] = NEG_INF;
   int none = -1;  // acq_rel: the caller that reads this partial sees it whole
@@ -659,7 +662,8 @@ void pull(Shared& s, int t) {
 // caller never waits for a helper: an item a helper claimed and has not finished (the OS holds
 // the helper off the core, as on a machine busy with other work, where waiting for one took a
 // 2-thread step to 3x the time of one thread) is computed by the caller too, and the first
-// partial done counts (every thread computes an item alike)
+// partial done counts (every thread computes an item alike); the other stops at its next block,
+// so a helper the OS resumes after the call has returned soon leaves the cores
 void run_shared(const std::shared_ptr<Shared>& sp, int64_t T, float* out, float* lse) {
   Shared& s = *sp;
   s.result.resize(T);
