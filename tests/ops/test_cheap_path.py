@@ -197,7 +197,7 @@ def _probe():
 def test_the_probe_states_the_layout_and_whether_the_checked_inputs_are_finite():
     op = _probe()
 
-    def probe(q, k, v, check, most=cheap.POST_MAX):  # check: 0 none, 1 q, 2 q, k and v
+    def probe(q, k, v, check, most=cheap.PRE_MAX):  # check: 0 none, 1 q, 2 q, k and v
         return op(q, k, v, (0, -most, most)[check])
 
     q, k, v = _qkv(L=3, S=5)
@@ -266,25 +266,24 @@ def test_without_the_probe_the_signature_is_pythons_until_the_kernel_is_loaded()
     assert len(cheap._PLANS) == 2 and type(list(cheap._PLANS)[-1][0]) is str
 
 
-def test_inputs_over_pre_max_are_checked_after_sdpas_kernel_read_them():
+def test_inputs_over_pre_max_are_checked_one_by_one_after_sdpas_kernel_read_them():
     _probe()
-    q, k, v = _qkv(L=40, S=40, H=4, D=64)  # 10240 floats each: over PRE_MAX, within POST_MAX
-    assert cheap.PRE_MAX < q.numel() <= cheap.POST_MAX
-    attnlab.attention(q, k, v, is_causal=True)  # the plan
+    q, k, v = _qkv(L=80, S=80, H=8, D=64)  # 40960 floats each: over PRE_MAX
+    assert q.numel() > cheap.PRE_MAX
+    attnlab.attention(q, k, v)  # the plan (no mask: SDPA's kernel, the queries checked)
     (sig, plan), = cheap._PLANS.items()
-    assert sig[0].endswith("U") and plan.probe is not None
+    assert sig[0].endswith("U") and plan.sdpa is not None
     order = []
-    run, probe = plan.sdpa[0], plan.probe
+    run, finite = plan.sdpa[0], plan.finite
     plan.sdpa = (lambda *a: order.append("sdpa") or run(*a), *plan.sdpa[1:])
-    plan.probe = lambda *a: order.append("check") or probe(*a)
-    plan.finite = None  # one call of the probe checks all three
-    want = attnlab.attention(q, k, v, is_causal=True, backend="math")
-    assert (attnlab.attention(q, k, v, is_causal=True) - want).abs().max().item() < 1e-5
+    plan.finite = lambda x: order.append("check") or finite(x)
+    want = attnlab.attention(q, k, v, backend="math")
+    assert (attnlab.attention(q, k, v) - want).abs().max().item() < 1e-5
     assert order == ["sdpa", "check"]
-    v[0, 2, 30, 5] = float("nan")  # the kernel's result dropped: the full path's rules
-    got = attnlab.attention(q, k, v, is_causal=True)
-    assert torch.isnan(got[0, 2, 30:]).all() and not torch.isnan(got[0, 2, :30]).any()
-    assert not torch.isnan(got[0, :2]).any() and order[2:] == ["sdpa", "check"]
+    q[0, 2, 30, 5] = float("nan")  # the kernel's result dropped: the full path's rules
+    got = attnlab.attention(q, k, v)
+    assert torch.isnan(got[0, 2, 30]).all() and torch.isnan(got).sum() == 64
+    assert order[2:] == ["sdpa", "check"]
 
 
 @pytest.mark.parametrize("D, scale", [(80, None), (80, 0.3), (64, 0.125)])

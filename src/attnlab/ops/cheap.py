@@ -17,7 +17,7 @@ and values too: what `run_sdpa`'s rule checks) while each holds at most PRE_MAX 
 verdict ('F' finite, 'N' not, 'U' not decided) is part of the signature. A plan kept under 'F'
 that runs SDPA's kernel as it is runs it with no other check; one under 'N' takes
 `dispatch.run`, which cleans and poisons by the rules; one under 'U' runs `run_sdpa`, which
-checks after the kernel. Elsewhere (the kernel off or not built, a tensor subclass) the
+checks each input itself. Elsewhere (the kernel off or not built, a tensor subclass) the
 signature is a Python tuple and plans run `run_sdpa`.
 
 The first call of a signature takes the full path, which raises exactly what it always raised;
@@ -40,14 +40,12 @@ from attnlab.ops.problem import Problem
 
 #: signatures kept (a model has a few per layer shape; a generation loop one per cache length)
 MAX_PLANS = 256
-#: floats of one input the probe checks before the call, with the signature (L <= 16 at H = 8,
-#: D = 64: 32 KB, a read that costs little even when the inputs are not in cache)
-PRE_MAX = 1 << 13
-#: floats of one input the probe checks after SDPA's kernel has read it (in cache then: a scan
-#: before the kernel would read it from memory, ~80 µs for L = 64's 384 KB after a backward
-#: evicted it, where the kernel itself hides that read behind its arithmetic); larger inputs:
-#: the kernel's `all_finite` on its work queue
-POST_MAX = 1 << 15
+#: floats of one input the probe checks with the signature (L <= 64 at H = 8, D = 64: 128 KB,
+#: ~3 µs for q, k and v in cache). Checking after SDPA's kernel instead (it has read them then)
+#: cost one more probe call and measured slower: L = 64 +11.7 against +5.8 µs, L = 16 +5.7
+#: against +3.6 (benchmarks/small_calls.py, 1 thread, medians of 3 runs). Larger inputs: the
+#: kernel's `all_finite` on its work queue, after the call
+PRE_MAX = 1 << 15
 
 
 @dataclasses.dataclass
@@ -65,8 +63,6 @@ class Plan:
     #: call(query, key, value) -> out, or None where an input holds NaN/Inf: the `sdpa` way with
     #: the checks its signature's verdict leaves (`_caller`); None without `sdpa`
     call: object = None
-    #: the kernel's probe for `run_sdpa`'s check of float32 CPU inputs, else None
-    probe: object = None
 
 
 _PLANS: OrderedDict = OrderedDict()
@@ -172,16 +168,11 @@ def run_sdpa(plan: Plan, query, key, value):
     """out of a plan that calls SDPA's kernel as it is, or None when an input holds NaN/Inf (the
     call then takes `dispatch.run`, which cleans and poisons by the rules). Without a mask every
     row sees every key, so only the queries are checked (as `dispatch.run` does); with the
-    causal mask the keys and values too. They are checked after the kernel has read them (in
-    cache then), its result dropped where one is not finite: by the probe in one call up to
-    POST_MAX floats each, else one by one (`plan.finite`)."""
+    causal mask the keys and values too, one by one (`plan.finite`), after the kernel has read
+    them (its result dropped where one is not finite)."""
     run, causal, scale, gqa = plan.sdpa
     out = run(query, key, value, causal, scale) if gqa is None else \
         run(query, key, value, causal, scale, gqa)
-    if plan.probe is not None:
-        verdict = plan.probe(query, key, value, POST_MAX if causal else -POST_MAX)[-1]
-        if verdict != "U":
-            return out if verdict == "F" else None
     finite = plan.finite
     if not finite(query) or (causal and not (finite(key) and finite(value))):
         return None
@@ -239,8 +230,6 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     plan = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
     if how is not None:
         plan.call = _caller(plan, verdict)
-        if p.query.dtype == torch.float32:  # a CPU call (`_sdpa_as_is`)
-            plan.probe = _PROBES.get(sig[-2])
     _PLANS[sig] = plan
     if _PROBES.get(sig[-2], 0) is None and build.loaded() is not None:
         del _PROBES[sig[-2]]  # the kernel was loaded since: the next call takes its probe
