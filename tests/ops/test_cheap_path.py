@@ -298,3 +298,16 @@ def test_a_plain_plan_leaves_sdpa_its_default_scale_only_where_it_is_the_same(D,
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                              scale=explicit)
     assert torch.equal(got, want)
+
+
+def test_under_vmap_the_cheap_path_raises_what_the_full_path_raises(monkeypatch):
+    q, k, v = _qkv()
+
+    def error(kernel):
+        monkeypatch.setenv("ATTNLAB_KERNEL", kernel)
+        cheap.clear()
+        with pytest.raises(RuntimeError) as e:
+            torch.vmap(lambda x: attnlab.attention(x, k[0], v[0], is_causal=True))(q)
+        return str(e.value)
+
+    assert error("1") == error("0")  # the probe has no batching rule: Python's signature

@@ -85,19 +85,23 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     """(signature, the plan kept under it or None). The signature is None when the call has no
     cheap one (an input that is not a tensor: the full path says what is wrong); an unhashable
     one (a list as scale) finds no plan and keeps none."""
-    kernel = _ENV.get(_KERNEL)
+    kernel, sig = _ENV.get(_KERNEL), None
     probe = _PROBES.get(kernel, _probe_for)
     if probe is _probe_for:
         probe = _probe_for(kernel)
     if probe is not None and type(query) is type(key) is type(value) is _TENSOR:
         # layouts, grad mode and the NaN/Inf verdict; the keys and values checked with any mask
-        layout = probe(query, key, value, -PRE_MAX if is_causal is False and mask is None else
-                       PRE_MAX)
-        if not layout:  # a tensor without a plain layout (sparse, nested, a functorch wrapper)
+        try:
+            layout = probe(query, key, value, -PRE_MAX if is_causal is False and mask is None
+                           else PRE_MAX)
+        except RuntimeError:  # under vmap (no batching rule): Python's signature, as without
+            layout = None
+        if layout == "":  # a tensor without a plain layout (sparse, nested, a functorch wrapper)
             return None, None
-        sig = (layout, dropout_p, is_causal, scale, enable_gqa, id(mask), softcap, return_lse,
-               kernel, _ENV.get(_ISA))
-    else:
+        if layout is not None:
+            sig = (layout, dropout_p, is_causal, scale, enable_gqa, id(mask), softcap,
+                   return_lse, kernel, _ENV.get(_ISA))
+    if sig is None:
         sig = signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
                         softcap, return_lse)
         if sig is None:
