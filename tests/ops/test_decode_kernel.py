@@ -143,6 +143,35 @@ def test_builds_agree_and_threads_do_not_change_the_result(dtype):
         assert (o - outs[0]).abs().max().item() < 2e-6
 
 
+@pytest.mark.parametrize("G, D", [(4, 128), (4, 64), (16, 32), (2, 256), (1, 64)])
+def test_bf16_scores_from_the_tile_unit_match_the_vector_path(monkeypatch, G, D):
+    """bfloat16 keys and queries: the AMX tile unit's q·k (where the CPU has it, whole 64-key
+    blocks) and the vector path (ATTNLAB_DECODE_AMX=0) agree and both keep FlashAttention's
+    rule against float64, with ragged rows, a window and several query rows."""
+    g = torch.Generator().manual_seed(21)
+    B, Hkv, L, S = 2, 2, 3, 1000
+    q = torch.randn(B, G * Hkv, L, D, generator=g).to(torch.bfloat16).float()
+    k, v = (torch.randn(B, Hkv, S, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    lo, hi = decode_intervals("window", [1000, 611], L, S, window=700)
+    ops = build.load(build.chosen_isa())
+    outs = []
+    for amx in ("1", "0"):
+        monkeypatch.setenv("ATTNLAB_DECODE_AMX", amx)
+        outs.append(ops.decode(q, k, v, lo.int(), hi.int(), None, D ** -0.5, 0.0, 0, 0,
+                               True))
+    assert outs[0][2] and outs[1][2]
+    kd, vd = (x.double().repeat_interleave(G, 1) for x in (k, v))
+    j = torch.arange(S)
+    keep = (j >= lo[..., None]) & (j < hi[..., None])  # (B, 1, L, S)
+    sc = (q.double() @ kd.transpose(-1, -2) * D ** -0.5).masked_fill(~keep, float("-inf"))
+    ref = torch.softmax(sc, -1) @ vd
+    low = torch.softmax(sc.float(), -1) @ vd.float()  # the same formula in float32
+    bound = 2 * (low.double() - ref).abs().max().item() + 1e-6
+    for out, _, _ in outs:
+        assert (out.double() - ref).abs().max().item() <= bound
+    assert (outs[0][0] - outs[1][0]).abs().max().item() < 1e-5
+
+
 def test_the_cache_is_read_in_place_from_a_slice():
     """A view of a preallocated cache (rows of a longer buffer, heads strided) is read as it is."""
     g = torch.Generator().manual_seed(5)

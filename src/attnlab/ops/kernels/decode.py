@@ -10,6 +10,8 @@ The kernel (`csrc/decode.cpp`) reads the cache as stored: every key and value ro
 for all the query heads that share it (GQA packed), converted to float32 in registers, the keys
 of each head split over the threads and merged exactly through their log-sum-exp. A slice of a
 preallocated cache is read in place (any batch, head and row strides; unit stride along D).
+bfloat16 queries and keys take their q·k from AVX-512 BF16, or from the AMX tile unit where the
+CPU has it and Linux grants it (whole 64-key blocks; ATTNLAB_DECODE_AMX=0 turns it off).
 
 A call that needs a gradient runs the interval kernel's forward and backward on the same
 intervals (`runner.forward`), so `backend="decode"` is differentiable too: the backward then

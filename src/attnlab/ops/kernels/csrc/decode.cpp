@@ -18,10 +18,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <memory>
 #include <type_traits>
 #include <vector>
+
+#if defined(ATTNLAB_AVX512)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "interval.h"
 #include "queue.h"
@@ -117,6 +125,7 @@ struct Dec {
   int64_t slope_sb;
   float scale, softcap;
   int pos_off;
+  bool amx;  // bfloat16 keys' scores from the AMX tile unit (amx_ok, ATTNLAB_DECODE_AMX != "0")
   int row_lo(int b, int h, int i) const { return lo[b * lo_sb + h * lo_sh + i]; }
   int row_hi(int b, int h, int i) const { return hi[b * lo_sb + h * lo_sh + i]; }
   // a K (V) row read in place: float32 whose length is whole vectors
@@ -131,9 +140,10 @@ struct Group {
 };
 
 size_t scratch_floats(const Dec& d) {
-  // Kb (KB, DP), Vb (KB, DvP), Q (R, DP), S (R, KB), O (R, DvP), m, l, row bounds
+  // Kb (KB, DP), Vb (KB, DvP), Q (R, DP), S (R, KB), O (R, DvP), m, l, row bounds, Qh and Qt
+  // (R, DP) bfloat16 each, the tile unit's scores (KB, R)
   return (size_t)KB * (d.DP + d.DvP) + (size_t)d.R * (d.DP + KB + d.DvP + 4) +
-         (size_t)d.R * d.DP / 2 + 16;
+         (size_t)d.R * d.DP + (size_t)KB * d.R + 16;
 }
 
 // A cache element as stored: float, or the 16 bits of a bfloat16 / float16
@@ -258,6 +268,78 @@ ATTNLAB_BF16_TARGET static void dot_keys_dp(const uint16_t* q, const uint16_t* k
     case 8: return dot_keys_dp_n<8>(q, kb, ldk, n, s, nk);
     default: return dot_keys_dp_n<0>(q, kb, ldk, n, s, nk);
   }
+}
+
+// The AMX tile unit (this build runs where the CPU has AVX-512; AMX is checked at run time):
+// a block of KB = 64 bfloat16 keys against R <= 16 bfloat16 query rows, q·k as a (64, D) x
+// (D, R) product of bfloat16 pairs summed in fp32 (exact products, as vdpbf16ps), off the
+// vector units that the softmax and P·V keep busy
+#define ATTNLAB_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// whether the CPU has AMX-BF16 and Linux lets this process use the tile registers (asked once)
+bool amx_ok() {
+  static const bool ok = [] {
+    unsigned a, b, c, dd;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &dd)) return false;
+    if (!((dd >> 22) & 1) || !((dd >> 24) & 1)) return false;  // AMX-BF16, AMX-TILE
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  }();
+  return ok;
+}
+
+// tiles 0-3: the scores of keys 16g.. (16, R) fp32; 4, 5: 16 key rows x 32 bfloat16; 6: 32 dims
+// of Q^T as (16 pairs, R rows, 2)
+ATTNLAB_AMX_TARGET static void amx_config(int R) {
+  alignas(64) TileConfig c{};
+  c.palette = 1;
+  for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = (uint16_t)(R * 4);
+  c.rows[4] = c.rows[5] = 16;
+  c.colsb[4] = c.colsb[5] = 64;
+  c.rows[6] = 16, c.colsb[6] = (uint16_t)(R * 4);
+  // GCC 12 at -O3 drops the stores above as if ldtilecfg read only the palette: a barrier
+  asm volatile("" : : "m"(c) : "memory");
+  _tile_loadconfig(&c);
+}
+
+ATTNLAB_AMX_TARGET static void amx_release() { _tile_release(); }
+
+// s[r·lds + t] = q_r·k_t for the 64 keys at kb (row stride ldk elements); qt: Q^T in DP / 32
+// chunks of (16, R, 2); cb: (64, R) floats of scratch
+ATTNLAB_AMX_TARGET static void amx_scores64(const uint16_t* kb, int64_t ldk, const uint16_t* qt,
+                                            int R, int DP, float* cb, float* s, int lds) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const long sk = (long)ldk * 2, sq = (long)R * 4;
+  for (int c = 0; c < DP; c += 32) {
+    _tile_loadd(6, qt + (int64_t)c * R, sq);
+    _tile_loadd(4, kb + c, sk);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, kb + 16 * ldk + c, sk);
+    _tile_dpbf16ps(1, 5, 6);
+    _tile_loadd(4, kb + 32 * ldk + c, sk);
+    _tile_dpbf16ps(2, 4, 6);
+    _tile_loadd(5, kb + 48 * ldk + c, sk);
+    _tile_dpbf16ps(3, 5, 6);
+  }
+  _tile_stored(0, cb, sq);
+  _tile_stored(1, cb + 16 * R, sq);
+  _tile_stored(2, cb + 32 * R, sq);
+  _tile_stored(3, cb + 48 * R, sq);
+  asm volatile("" : : : "memory");  // cb written by the tile stores before it is read
+  const __m512i step = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(R));
+  for (int r = 0; r < R; ++r)  // row r's 64 scores, 16 keys a gather
+    for (int t = 0; t < 64; t += 16)
+      _mm512_storeu_ps(s + r * lds + t,
+                       _mm512_i32gather_ps(_mm512_add_epi32(step, _mm512_set1_epi32(t * R + r)),
+                                           cb, 4));
 }
 #endif
 
@@ -404,6 +486,8 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   int* rlo = reinterpret_cast<int*>(alpha + R);  // (R,) row bounds, clipped to the chunk
   int* rhi = rlo + R;
   uint16_t* Qh = reinterpret_cast<uint16_t*>(rhi + R);  // (R, DP) the queries as bfloat16
+  uint16_t* Qt = Qh + (int64_t)R * DP;                   // Q^T for the tile unit (amx_scores64)
+  float* Cb = reinterpret_cast<float*>(Qt + (int64_t)R * DP);  // (KB, R) its scores
   constexpr bool dp = std::is_same<TK, bf16dp>::value;
   const int h0 = g.hk * d.G + g.sub * d.GH;
   for (int r = 0; r < R; ++r) {  // r = head offset · L + row
@@ -425,6 +509,19 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
       }
   }
   if (bad && !finite_span(Q, (int64_t)R * DP)) bad->store(true, std::memory_order_relaxed);
+#if defined(ATTNLAB_AVX512)
+  const bool amx = dp && d.amx && R <= 16 && KB == 64;
+  if (amx) {  // Qt[c·R + 2·(16·r... ]: chunk c / 32 of 32 dims as (16 pairs, R rows, 2)
+    for (int c = 0; c < DP; c += 32)
+      for (int kp = 0; kp < 16; ++kp)
+        for (int r = 0; r < R; ++r)
+          for (int e = 0; e < 2; ++e)
+            Qt[(int64_t)c * R + (kp * R + r) * 2 + e] = Qh[(int64_t)r * DP + c + 2 * kp + e];
+    amx_config(R);
+  }
+#else
+  constexpr bool amx = false;
+#endif
   // in place: the cache's rows (strides in elements); else the scratch's converted rows
   const bool kd = !std::is_same<TK, float>::value || d.k_direct();
   const bool vd = !std::is_same<TV, float>::value || d.v_direct();
@@ -432,7 +529,7 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   prefetch_rows(d.k, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));  // the first block ahead
   prefetch_rows(d.v, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));
   for (int j0 = ja; j0 < jb; j0 += KB) {
-    if (done && done->load(std::memory_order_relaxed) >= 0) return;  // another thread's counts
+    if (done && done->load(std::memory_order_relaxed) >= 0) break;  // another thread's counts
     const int nk = std::min(KB, jb - j0);
     int ba = j0 + nk, bb = j0;  // the block's keys some row attends: [ba, bb)
     for (int r = 0; r < R; ++r)
@@ -453,6 +550,13 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
         std::fill(o + d.D, o + DP, 0.0f);
       }
     }
+    int amx_end = ba;  // keys [ba, amx_end) scored for every row by the tile unit
+#if defined(ATTNLAB_AVX512)
+    if (amx && ba == j0 && bb == j0 + KB) {  // a whole block some row attends throughout
+      amx_scores64(reinterpret_cast<const uint16_t*>(kb), ldk, Qt, R, DP, Cb, Sb, KB);
+      amx_end = bb;
+    }
+#endif
     // every row that sees a key of the block: scores, then its online softmax step; P (R, KB)
     // holds each row's weights over the block's attended keys [ba, bb), 0 outside its own
     const int pa = (ba - j0) / W, pz = (bb - j0 + W - 1) / W;  // P's vectors
@@ -465,7 +569,7 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
         continue;
       }
       const float* qr = Q + (int64_t)r * DP;
-      int j = lo;
+      int j = std::max(lo, amx_end);
 #if defined(ATTNLAB_AVX512)
       if constexpr (dp) {
         const uint16_t* kq = reinterpret_cast<const uint16_t*>(kb);
@@ -541,6 +645,9 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   }
   if (bad && (hsum(seen) != 0.0f || !finite_span(O, (int64_t)R * DvP)))
     bad->store(true, std::memory_order_relaxed);
+#if defined(ATTNLAB_AVX512)
+  if (amx) amx_release();  // the tile state back to its init: cheaper to switch threads
+#endif
 }
 
 using ItemFn = void (*)(const Dec&, const Group&, int, int, float*, float*, float*, float*,
@@ -750,6 +857,10 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
   d.scale = (float)scale;
   d.softcap = (float)softcap;
   d.pos_off = (int)pos_off;
+#if defined(ATTNLAB_AVX512)
+  const char* amx_env = std::getenv("ATTNLAB_DECODE_AMX");
+  d.amx = !(amx_env && std::string(amx_env) == "0") && amx_ok();
+#endif
   d.DP = (d.D + W - 1) / W * W;
   d.DvP = (d.Dv + W - 1) / W * W;
   d.q = q.data_ptr<float>();
