@@ -117,3 +117,15 @@ def test_quick_refuses_the_flags_it_would_override(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("attnlab bench: error: --quick sets --L, --modes itself; leave out --L, "
                    "--modes or --quick")
+
+
+def test_every_command_help_keeps_its_description_as_written():
+    """Each command's --help prints its module docstring as written: paragraphs and examples
+    keep their line breaks (explain's once ran its two paragraphs together)."""
+    os.environ.setdefault("COLUMNS", "100")
+    joined = []
+    for name, p in _commands().items():
+        doc = (p.description or "").strip()
+        if "\n\n" in doc and doc.split("\n\n")[1].splitlines()[0] not in p.format_help():
+            joined.append(name)
+    assert not joined, f"--help runs paragraphs together: {joined}"

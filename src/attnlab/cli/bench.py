@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from attnlab.cli.options import add_threads
+from attnlab.cli.options import add_threads, command
 
 QUICK = {"L": [1024], "masks": ["full", "causal", "sliding256", "document8"], "dtypes": ["fp32"],
          "modes": ["fwd", "fwd+bwd"], "peers": ["sdpa", "naive"], "repeats": 3}
@@ -23,8 +23,7 @@ QUICK = {"L": [1024], "masks": ["full", "causal", "sliding256", "document8"], "d
 def add_parser(sub):
     from attnlab.bench.case import DTYPES, MASKS, MODES, PEERS
 
-    p = sub.add_parser("bench", help="benchmark attention against PyTorch SDPA and FlexAttention",
-                       description=__doc__)
+    p = command(sub, "bench", __doc__, "benchmark attention against PyTorch SDPA and FlexAttention")
     p.add_argument("--quick", action="store_true",
                    help="a short run: L=1024, fp32, every mask and mode, sdpa and naive peers, 3 "
                    "repeats (sets --L, --masks, --dtypes, --modes, --peers, --repeats: not "

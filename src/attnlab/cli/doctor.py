@@ -3,10 +3,11 @@ and whether the compiled interval kernel is built, for which ISA, and if not, wh
 
 from __future__ import annotations
 
+from attnlab.cli.options import command
+
 
 def add_parser(sub):
-    p = sub.add_parser("doctor", help="report the compiled kernel's build, ISA and why-not",
-                       description=__doc__)
+    p = command(sub, "doctor", __doc__, "report the compiled kernel's build, ISA and why-not")
     p.add_argument("--no-build", action="store_true",
                    help="only look: do not build the kernel if it is not built yet")
     return p

@@ -16,6 +16,7 @@ from attnlab.cli.options import (
     add_text_token,
     add_threads,
     check_words,
+    command,
     open_model,
     run_text,
     vocabulary_notes,
@@ -23,8 +24,7 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = sub.add_parser("explain", help="explain what one token borrows in a real model",
-                       description=__doc__)
+    p = command(sub, "explain", __doc__, "explain what one token borrows in a real model")
     add_text_token(p, "the word to explain (or its token index; split words are found too)")
     p.add_argument("--target", metavar="WORD",
                    help="detail the head that borrows most from WORD (default: the top-ranked "

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from attnlab.cli.options import add_alias, add_threads
+from attnlab.cli.options import add_alias, add_threads, command
 
 
 def add_parser(sub):
-    p = sub.add_parser("generate", help="generate text from a trained checkpoint",
-                       description=__doc__)
+    p = command(sub, "generate", __doc__, "generate text from a trained checkpoint")
     which = p.add_mutually_exclusive_group(required=True)
     model = which.add_argument("--model", metavar="DIR", default=None,
                                help="the checkpoint directory attnlab train wrote (required; no "

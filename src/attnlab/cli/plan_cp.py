@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 
-from attnlab.cli.options import add_alias, add_threads
+from attnlab.cli.options import add_alias, add_threads, command
 
 #: --mask document:N builds one id per position: planning stays within a few hundred MB up to this
 MAX_DOCUMENT_LEN = 1 << 24
 
 
 def add_parser(sub):
-    p = sub.add_parser("plan-cp", help="plan context-parallel attention: bytes, FLOPs, time",
-                       description=__doc__)
+    p = command(sub, "plan-cp", __doc__, "plan context-parallel attention: bytes, FLOPs, time")
     p.add_argument("--L", type=int, required=True, help="sequence length (queries = keys)")
     heads = p.add_argument("--num-heads", type=int, default=None, metavar="H",
                            help="how many query heads (required; no default)")

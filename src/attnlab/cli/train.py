@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from attnlab.cli.options import add_preset_setting, add_threads
+from attnlab.cli.options import add_preset_setting, add_threads, command
 from attnlab.cli.train_processes import launch_workers, run_worker
 from attnlab.cli.train_report import header, peak_mib, print_sample, summary
 from attnlab.cli.train_start import check_out, make_trainer
@@ -16,8 +16,7 @@ MAX_LOCAL = 1024
 
 
 def add_parser(sub):
-    p = sub.add_parser("train", help="train a small GPT on the bundled Shakespeare corpus",
-                       description=__doc__)
+    p = command(sub, "train", __doc__, "train a small GPT on the bundled Shakespeare corpus")
     p.add_argument("--preset", default="tiny",
                    help="model and training preset: tiny (default), tiny-gqa, small, induction")
     add_preset_setting(p, "--max-steps", "N", "train until step N")
