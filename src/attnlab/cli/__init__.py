@@ -70,8 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"attnlab.cli.{name}")
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
-        raw = p.formatter_class is argparse.RawDescriptionHelpFormatter
-        p.formatter_class = _RawHelp if raw else _Help
+        p.formatter_class = _RawHelp  # every description as written: paragraphs, examples
         helps[p.prog.split()[-1]] = sub._choices_actions[-1].help
     sub._choices_actions.clear()  # listed below, by group, instead of in one flat list
     width = max(map(len, helps)) + 2

@@ -16,7 +16,6 @@ from attnlab.cli.options import (
     add_text_token,
     add_threads,
     check_words,
-    command,
     open_model,
     run_text,
     vocabulary_notes,
@@ -24,7 +23,8 @@ from attnlab.cli.options import (
 
 
 def add_parser(sub):
-    p = command(sub, "explain", __doc__, "explain what one token borrows in a real model")
+    p = sub.add_parser("explain", help="explain what one token borrows in a real model",
+                       description=__doc__)
     add_text_token(p, "the word to explain (or its token index; split words are found too)")
     p.add_argument("--target", metavar="WORD",
                    help="detail the head that borrows most from WORD (default: the top-ranked "
