@@ -126,6 +126,6 @@ def test_every_command_help_keeps_its_description_as_written():
     joined = []
     for name, p in _commands().items():
         doc = (p.description or "").strip()
-        if "\n\n" in doc and doc.split("\n\n")[1].splitlines()[0] not in p.format_help():
+        if "\n\n" in doc and "\n\n" + doc.split("\n\n")[1].splitlines()[0] not in p.format_help():
             joined.append(name)
     assert not joined, f"--help runs paragraphs together: {joined}"
