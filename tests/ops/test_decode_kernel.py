@@ -273,6 +273,10 @@ def test_auto_takes_decode_shaped_calls_and_says_so():
         picks[S] = attnlab.select_backend(q, big, big)
     assert picks[16384].backend == "decode" and "a 64 MiB cache" in picks[16384].reason
     assert picks[16383].backend == "sdpa"
+    for D, want in ((64, "sdpa"), (128, "decode")):  # a bf16 cache of 64 MiB: SDPA's below D 128
+        big = torch.zeros(1, 1, 1, D, dtype=torch.bfloat16).expand(1, 8, (32 << 20) // (16 * D), D)
+        qb = torch.zeros(1, 8, 1, D, dtype=torch.bfloat16)
+        assert attnlab.select_backend(qb, big, big).backend == want, D
     ragged = masks.padding(key_lengths=[4096])
     assert attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
                                   mask=ragged).backend == "decode"
