@@ -120,6 +120,18 @@ def load_script(name: str):
         del sys.modules[spec.name]
 
 
+def docs_hook(name: str):
+    """docs/hooks/<name>.py as a module (the site's hooks are files, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "hooks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def wrap_backends(monkeypatch, wrap) -> None:
     """Every backend's forward (and checked forward) f replaced by wrap(name, f) for one test."""
     import dataclasses
@@ -155,3 +167,19 @@ def backend_names(*, without: tuple[str, ...] = ("flex",)) -> list[str]:
     if "interval" in names and not kernels.available():
         names.remove("interval")
     return names
+
+
+def numpy_saved_hooks():
+    """(saved_tensors_hooks, store): pack hooks that move every tensor autograd saves to a NumPy
+    copy (a fake storage), so a test can overwrite the inputs and see the backward read nothing
+    else; `store` lists what was packed."""
+    store: list = []
+
+    def pack(t):
+        store.append((t.detach().numpy().copy(), t.dtype))
+        return len(store) - 1
+
+    def unpack(i):
+        return torch.from_numpy(store[i][0]).to(store[i][1])
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack), store

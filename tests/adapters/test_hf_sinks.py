@@ -71,17 +71,23 @@ def test_gpt_oss_matches_eager_with_sinks(model):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), diff_report(g, w)
 
 
-def test_gpt_oss_without_attentions_is_the_fast_path(model):
-    """No weights asked: the op alone (no weights recomputed), the same logits."""
+def _ours_and_eager(model, call):
+    """call(ids, mask) under attnlab and under eager attention, without gradients."""
     hf.register()
     ids, mask = _inputs()
     got = {}
-    for impl in ("eager", hf.NAME):
+    for impl in (hf.NAME, "eager"):
         model.set_attn_implementation(impl)
         with torch.no_grad():
-            got[impl] = model(input_ids=ids, attention_mask=mask).logits
-    assert torch.allclose(got[hf.NAME], got["eager"], atol=1e-4), \
-        diff_report(got[hf.NAME], got["eager"])
+            got[impl] = call(ids, mask)
+    return got[hf.NAME], got["eager"]
+
+
+def test_gpt_oss_without_attentions_is_the_fast_path(model):
+    """No weights asked: the op alone (no weights recomputed), the same logits."""
+    ours, eager = _ours_and_eager(
+        model, lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits)
+    assert torch.allclose(ours, eager, atol=1e-4), diff_report(ours, eager)
 
 
 def test_recording_with_sinks_refused(model):
@@ -98,12 +104,6 @@ def test_recording_with_sinks_refused(model):
 def test_gpt_oss_generates_eager_tokens(model):
     """Cached decoding steps (one query row over the cache, the sinks in every step): the same
     greedy tokens as eager."""
-    hf.register()
-    ids, mask = _inputs()
-    got = {}
-    for impl in ("eager", hf.NAME):
-        model.set_attn_implementation(impl)
-        with torch.no_grad():
-            got[impl] = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5,
-                                       do_sample=False, pad_token_id=0)
-    assert torch.equal(got[hf.NAME], got["eager"]), (got[hf.NAME], got["eager"])
+    ours, eager = _ours_and_eager(model, lambda ids, mask: model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0))
+    assert torch.equal(ours, eager), (ours, eager)

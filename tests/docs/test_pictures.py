@@ -4,20 +4,18 @@ picture the docs show is written."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from helpers import docs_hook
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pictures():
-    spec = importlib.util.spec_from_file_location("docs_pictures", ROOT / "docs/hooks/pictures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return docs_hook("pictures")
 
 
 @pytest.mark.slow

@@ -4,18 +4,16 @@ navigation."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+
+from helpers import docs_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("docs_hook", ROOT / "docs/hooks/generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return docs_hook("generate")
 
 
 def test_cli_reference_has_every_command_and_option():

@@ -39,64 +39,65 @@ def _attention(name, *args, **kw):
                              backend=name, **kw)
 
 
-@pytest.mark.parametrize("backend", catalog.backends(), ids=lambda b: b.name)
-def test_score_mod_table_gradient(backend, monkeypatch):
-    for k, v in backend.env.items():
-        monkeypatch.setenv(k, v)
-    dtype = _dtype(backend)
-    table = torch.linspace(-1, 1, 64, dtype=dtype).requires_grad_(True)
-
-    def rel(s, b, h, q, k):
-        return s + table[(q - k).clamp(-32, 31) + 32]
-
+def _agrees_with_math(backend, monkeypatch, dtype, run):
+    """run(name) -> grads: the forward through backend `name` (an AttnlabError here is its
+    refusal, allowed but for math), returning a function that computes its gradients; the
+    backend's gradients equal math's, none of them None."""
+    for key, value in backend.env.items():
+        monkeypatch.setenv(key, value)
     grads = {}
     for name in ("math", backend.name):
-        q, k, v = _inputs(dtype)
         try:
-            out = _attention(name, q, k, v, score_mod=rel)
+            grads_of = run(name)
         except AttnlabError:
             assert name != "math"
             return  # refused with one AttnlabError: allowed
-        grads[name] = torch.autograd.grad(out.sin().sum(), (q, k, v, table), allow_unused=True)
+        grads[name] = grads_of()
     for g, w in zip(grads[backend.name], grads["math"]):
         assert g is not None, "a gradient is None"
         torch.testing.assert_close(g, w, **_tol(dtype))
 
 
 @pytest.mark.parametrize("backend", catalog.backends(), ids=lambda b: b.name)
-def test_double_backward(backend, monkeypatch):
-    for k, v in backend.env.items():
-        monkeypatch.setenv(k, v)
+def test_score_mod_table_gradient(backend, monkeypatch):
     dtype = _dtype(backend)
-    grads = {}
-    for name in ("math", backend.name):
+    table = torch.linspace(-1, 1, 64, dtype=dtype).requires_grad_(True)
+
+    def rel(s, b, h, q, k):
+        return s + table[(q - k).clamp(-32, 31) + 32]
+
+    def run(name):
         q, k, v = _inputs(dtype)
-        try:
-            out = _attention(name, q, k, v)
-            gq, = torch.autograd.grad(out.sin().sum(), q, create_graph=True)
-        except AttnlabError:
-            assert name != "math"
-            return
-        assert gq.grad_fn is not None, "the first gradient has no graph"
-        grads[name] = torch.autograd.grad(gq.square().sum(), (q, k, v))
-    for g, w in zip(grads[backend.name], grads["math"]):
-        torch.testing.assert_close(g, w, **_tol(dtype))
+        out = _attention(name, q, k, v, score_mod=rel)
+        return lambda: torch.autograd.grad(out.sin().sum(), (q, k, v, table), allow_unused=True)
+
+    _agrees_with_math(backend, monkeypatch, dtype, run)
+
+
+@pytest.mark.parametrize("backend", catalog.backends(), ids=lambda b: b.name)
+def test_double_backward(backend, monkeypatch):
+    dtype = _dtype(backend)
+
+    def run(name):
+        q, k, v = _inputs(dtype)
+        gq, = torch.autograd.grad(_attention(name, q, k, v).sin().sum(), q, create_graph=True)
+
+        def second():
+            assert gq.grad_fn is not None, "the first gradient has no graph"
+            return torch.autograd.grad(gq.square().sum(), (q, k, v))
+        return second
+
+    _agrees_with_math(backend, monkeypatch, dtype, run)
 
 
 @pytest.mark.parametrize("backend", catalog.backends(), ids=lambda b: b.name)
 def test_sinks_gradient(backend, monkeypatch):
-    for k, v in backend.env.items():
-        monkeypatch.setenv(k, v)
     dtype = _dtype(backend)
-    grads = {}
-    for name in ("math", backend.name):
+
+    def run(name):
         q, k, v = _inputs(dtype)
         sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=dtype, requires_grad=True)
-        try:
-            out, lse = _attention(name, q, k, v, sinks=sinks, return_lse=True)
-        except AttnlabError:
-            assert name != "math"
-            return
-        grads[name] = torch.autograd.grad(out.sin().sum() + lse.sum(), (q, k, v, sinks))
-    for g, w in zip(grads[backend.name], grads["math"]):
-        torch.testing.assert_close(g, w, **_tol(dtype))
+        out, lse = _attention(name, q, k, v, sinks=sinks, return_lse=True)
+        return lambda: torch.autograd.grad(out.sin().sum() + lse.sum(), (q, k, v, sinks))
+
+    _agrees_with_math(backend, monkeypatch, dtype, run)

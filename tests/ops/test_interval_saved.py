@@ -15,6 +15,8 @@ from attnlab.ops import kernels
 from attnlab.ops.kernels import gate, kernel
 from interval_cases import need_compiler
 
+from helpers import numpy_saved_hooks
+
 
 @pytest.fixture(autouse=True)
 def _kernel():
@@ -41,16 +43,8 @@ def test_hooks_see_every_tensor_the_backward_reads(D, kw):
     then overwritten: the backward still gives the clean gradients, so it read nothing else."""
     q, k, v = _inputs(D)
     want = _grads(q, k, v, **kw)
-    store: list = []
-
-    def pack(t):
-        store.append((t.detach().numpy().copy(), t.dtype))
-        return len(store) - 1
-
-    def unpack(i):
-        return torch.from_numpy(store[i][0]).to(store[i][1])
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    hooks, store = numpy_saved_hooks()
+    with hooks:
         out, lse = attnlab.attention(q, k, v, backend="interval", return_lse=True, **kw)
     assert type(out.grad_fn).__name__ == "IntervalAttentionBackward", out.grad_fn
     with torch.no_grad():

@@ -10,6 +10,8 @@ import torch
 
 import attnlab
 
+from helpers import numpy_saved_hooks
+
 
 def _inputs(seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -23,26 +25,13 @@ def _loss(out, lse):
     return (out * out.cos()).sum() + lse.sum()
 
 
-def _hooks():
-    store: list = []
-
-    def pack(t):
-        store.append((t.detach().numpy().copy(), t.dtype))
-        return len(store) - 1
-
-    def unpack(i):
-        return torch.from_numpy(store[i][0]).to(store[i][1])
-
-    return torch.autograd.graph.saved_tensors_hooks(pack, unpack), store
-
-
 @pytest.mark.parametrize("create_graph", [False, True])
 def test_hooks_see_every_tensor_the_backward_reads(create_graph):
     (q, k, v), bias, slopes = _inputs()
     kw = dict(attn_mask=bias, alibi_slopes=slopes, is_causal=True, backend="tiled",
               return_lse=True)
     want = torch.autograd.grad(_loss(*attnlab.attention(q, k, v, **kw)), (q, k, v))
-    hooks, store = _hooks()
+    hooks, store = numpy_saved_hooks()
     with hooks:
         out, lse = attnlab.attention(q, k, v, **kw)
     with torch.no_grad():

@@ -178,9 +178,9 @@ def add_alias(p, old: str, new_action) -> None:
 
 def command(sub, name: str, doc: str | None, help: str, **kw):
     """The parser of one `attnlab NAME` command: its one-line help in the command list, its
-    module docstring as the description, kept as written (line breaks and examples)."""
-    return sub.add_parser(name, help=help, description=doc,
-                          formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+    module docstring as the description (`cli.build_parser` prints every description as
+    written)."""
+    return sub.add_parser(name, help=help, description=doc, **kw)
 
 
 def add_text(p, help: str = "the text to run the model on", **kw) -> None:
