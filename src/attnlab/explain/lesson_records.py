@@ -1,4 +1,4 @@
-"""The lesson's sections as records: one dataclass per step, built by
+"""The lesson's sections as records: one keyword-only dataclass per step, built by
 `attnlab.explain.lesson_sections` and drawn by viz (terminal text, drawings, the lesson page);
 `to_json()` is what `attnlab lesson --json` prints for it (field order = the JSON's key order).
 """
@@ -6,20 +6,34 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar, dataclass_transform
 
 
-@dataclass(kw_only=True)
-class Section:
-    """What every section has: its step `name` and `title`."""
+@dataclass_transform(kw_only_default=True)
+class Record:
+    """A record of the lesson: every subclass is a keyword-only dataclass."""
 
-    name: str
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        dataclass(kw_only=True)(cls)
+
+
+class Section(Record):
+    """What every section has: its step `name` (`class Compare(Section, step="compare")`) and
+    `title`."""
+
+    name: ClassVar[str] = ""
     title: str
 
+    def __init_subclass__(cls, step: str | None = None, **kwargs):
+        if step is not None:
+            cls.name = step
+        super().__init_subclass__(**kwargs)
+
     def to_json(self) -> dict:
-        return asdict(self)
+        return {"name": self.name, **asdict(self)}
 
 
-@dataclass(kw_only=True)
 class TokenSection(Section):
     """A section over a sentence's `tokens`, which its per-token lists follow, in order (scale:
     each token's scores and weights; mask: each token's row; heads: each token's embedding)."""
@@ -27,8 +41,7 @@ class TokenSection(Section):
     tokens: list[str]
 
 
-@dataclass(kw_only=True)
-class CompareRow:
+class CompareRow(Record):
     """One key against the query: the products written out (`arithmetic`) and the `score`."""
 
     token: str
@@ -37,22 +50,18 @@ class CompareRow:
     score: float
 
 
-@dataclass(kw_only=True)
-class Compare(Section):
+class Compare(Section, step="compare"):
     """compare: the query against every key (dot products); `best_match` the highest."""
 
-    name: str = "compare"
     query_token: str
     query: list[float]
     rows: list[CompareRow]
     best_match: str
 
 
-@dataclass(kw_only=True)
-class Normalize(Section):
+class Normalize(Section, step="normalize"):
     """normalize: `scores` divided by their `total` (`divided`) against `softmax` of them."""
 
-    name: str = "normalize"
     scores: list[float]
     total: float
     divided: list[float]
@@ -61,12 +70,10 @@ class Normalize(Section):
     has_negative: bool
 
 
-@dataclass(kw_only=True)
-class Scale(TokenSection):
+class Scale(TokenSection, step="scale"):
     """scale: softmax `weights` of the raw `scores` (summing to `sum`), and of the scores times
     `scale` = 1/sqrt(`head_dim`)."""
 
-    name: str = "scale"
     scores: list[float]
     weights: list[float]
     sum: float
@@ -76,8 +83,7 @@ class Scale(TokenSection):
     scaled_weights: list[float]
 
 
-@dataclass(kw_only=True)
-class Share:
+class Share(Record):
     """One value's part of the context vector: weight × value = `contribution`."""
 
     token: str
@@ -86,29 +92,24 @@ class Share:
     contribution: list[float]
 
 
-@dataclass(kw_only=True)
-class Borrow(Section):
+class Borrow(Section, step="borrow"):
     """borrow: the weighted sum of the values is the `context` vector."""
 
-    name: str = "borrow"
     value_meaning: list[str]
     shares: list[Share]
     context: list[float]
     scale: float
 
 
-@dataclass(kw_only=True)
-class Mask(TokenSection):
+class Mask(TokenSection, step="mask"):
     """mask: the causal mask (`allowed` (L, S), what each token `sees`) and the weights with it."""
 
-    name: str = "mask"
     allowed: list[list[bool]]
     sees: list[list[str]]
     weights: list[list[float]]
 
 
-@dataclass(kw_only=True)
-class HeadExample:
+class HeadExample(Record):
     """One of the two heads: its projections, the query's scores and weights, its top token."""
 
     name: str
@@ -123,11 +124,9 @@ class HeadExample:
     top_weight: float
 
 
-@dataclass(kw_only=True)
-class Heads(TokenSection):
+class Heads(TokenSection, step="heads"):
     """heads: one sentence, two heads with their own projections, two patterns."""
 
-    name: str = "heads"
     features: list[str]
     embeddings: list[list[float]]
     query_token: str
@@ -135,8 +134,7 @@ class Heads(TokenSection):
     heads: list[HeadExample]
 
 
-@dataclass(kw_only=True)
-class Question:
+class Question(Record):
     """A check-yourself question of one `lesson`, its `answer`, and the `numbers` it uses."""
 
     lesson: str
@@ -145,9 +143,7 @@ class Question:
     numbers: dict = field(default_factory=dict)
 
 
-@dataclass(kw_only=True)
-class Check(Section):
+class Check(Section, step="check"):
     """check: both lessons' questions, answered with the sections' numbers."""
 
-    name: str = "check"
     questions: list[Question]
