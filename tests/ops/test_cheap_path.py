@@ -311,3 +311,110 @@ def test_under_vmap_the_cheap_path_raises_what_the_full_path_raises(monkeypatch)
         return str(e.value)
 
     assert error("1") == error("0")  # the probe has no batching rule: Python's signature
+
+
+def _served(q, k, v, **kw):
+    """What the kernel's C entry gives this call: the output where a C plan served it, else the
+    probe's string (None: not probed)."""
+    a = {"dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False, "mask": None,
+         "softcap": None, "return_lse": False, **kw}
+    return cheap.serve(q, k, v, *a.values())
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"scale": 0.3}, {"mask": "causal"}])
+def test_a_plan_under_the_finite_verdict_is_served_whole_in_c(kw, grad):
+    _probe()
+    kw = {**kw, "mask": masks.causal()} if "mask" in kw else kw
+    q, k, v = (x.requires_grad_(grad) for x in _qkv(L=4, S=4))
+    first = attnlab.attention(q, k, v, **kw)  # the full path keeps the plan, in C too
+    got = _served(q, k, v, **kw)
+    assert type(got) is torch.Tensor and torch.equal(got, first)
+    causal = kw.get("is_causal", False) or "mask" in kw
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                             scale=kw.get("scale"))
+    assert torch.equal(got, want)
+    assert (type(got.grad_fn).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0") == grad
+    if grad:  # SDPA's own first-order gradients
+        g = torch.randn_like(got)
+        assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(got, (q, k, v), g),
+                                                     torch.autograd.grad(want, (q, k, v), g)))
+    # any other scalar, mask object, verdict or grad mode: not served (the probe's string)
+    for other in ({**kw, "scale": 0.5}, {**kw, "is_causal": not kw.get("is_causal", False)},
+                  {**kw, "enable_gqa": True}, {**kw, "dropout_p": 0.1}, {**kw, "softcap": 5.0},
+                  {**kw, "return_lse": True}, {**kw, "is_causal": 1}):
+        assert type(_served(q, k, v, **other)) is str
+    if "mask" in kw:
+        assert type(_served(q, k, v, **{**kw, "mask": masks.causal()})) is str
+    with torch.no_grad():
+        assert type(_served(q, k, v, **kw)) is str
+    bad = v.detach().clone().requires_grad_(grad)  # the same layout
+    with torch.no_grad():
+        bad[0, 0, 0, 0] = float("nan")
+    if causal:  # the keys and values checked: not served, the 'N' verdict for the full path
+        assert _served(q, k, bad, **kw)[-1] == "N"
+    else:  # only the queries (no mask: every row sees every key)
+        assert type(_served(q, k, bad, **kw)) is torch.Tensor
+        assert _served(bad, k, v, **kw)[-1] == "N"
+
+
+def test_a_c_plan_follows_the_kernels_switches(monkeypatch):
+    _probe()
+    q, k, v = _qkv()
+    attnlab.attention(q, k, v)
+    assert type(_served(q, k, v)) is torch.Tensor
+    monkeypatch.setenv("ATTNLAB_KERNEL_ISA", "scalar")  # another switch value: another signature
+    assert type(_served(q, k, v)) is str
+    monkeypatch.delenv("ATTNLAB_KERNEL_ISA")
+    assert type(_served(q, k, v)) is torch.Tensor
+    cheap.clear()
+    assert type(_served(q, k, v)) is str
+
+
+def test_a_c_plan_holds_its_mask_and_no_input():
+    _probe()
+    q, k, v = _qkv()
+    m = masks.causal()
+    attnlab.attention(q, k, v, mask=m)
+    refs = [weakref.ref(x) for x in (q, k, v)]
+    mask_ref = weakref.ref(m)
+    del q, k, v, m
+    gc.collect()
+    assert all(r() is None for r in refs) and mask_ref() is not None  # its id stays its own
+    cheap.clear()
+    gc.collect()
+    assert mask_ref() is None
+
+
+def test_the_c_pre_hook_refuses_a_double_backward_as_the_python_one(monkeypatch):
+    _probe()
+    q, k, v = (x.requires_grad_() for x in _qkv(L=4, S=4))
+    attnlab.attention(q, k, v, is_causal=True)  # the plan
+    out = _served(q, k, v, is_causal=True)
+    assert type(out) is torch.Tensor
+    monkeypatch.setenv("ATTNLAB_MAX_DENSE_BYTES", "16")
+    with pytest.raises(AttnlabError, match="create_graph"):
+        torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
+
+
+def test_served_calls_under_vmap_and_a_torch_function_mode_take_the_python_path():
+    _probe()
+    q, k, v = _qkv()
+    attnlab.attention(q, k, v)
+    seen = []
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        assert _served(q, k, v) is None
+        attnlab.attention(q, k, v)
+    assert torch.nn.functional.scaled_dot_product_attention in seen
+
+    def under_vmap(x):
+        assert _served(x, k, v) is None
+        return x
+
+    torch.vmap(under_vmap)(q)

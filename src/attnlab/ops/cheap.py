@@ -20,12 +20,21 @@ that runs SDPA's kernel as it is runs it with no other check; one under 'N' take
 checks each input itself. Elsewhere (the kernel off or not built, a tensor subclass) the
 signature is a Python tuple and plans run `run_sdpa`.
 
+Where the kernel is loaded, a plan under 'F' that runs SDPA as it is is also kept in the kernel's
+C table (csrc/serve.cpp), and `attention` asks it first (`serve`): one C call that probes, finds
+the plan (the probe's string and the scalars it serves: is_causal, enable_gqa, scale, dropout_p
+0, no softcap, no lse, the mask object and the kernel's switches), checks the inputs and runs
+SDPA's ATen op, giving a gradient's SDPA node the second-order pre-hook in C (it enters Python
+only for a backward that builds a graph). Any other call gets the probe's string back, which
+`find` takes as it is.
+
 The first call of a signature takes the full path, which raises exactly what it always raised;
 only a call that validated is kept. At most MAX_PLANS signatures are kept, the oldest dropped.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import math
@@ -80,22 +89,38 @@ _TENSOR = torch.Tensor
 _PROBES: dict = {}
 
 
+def _serve_none(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
+                return_lse):
+    return None
+
+
+#: serve(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap, return_lse)
+#: -> the output of a call served whole in C (a plan that runs SDPA's kernel as it is, kept under
+#: the probe's finite verdict: csrc/serve.cpp), else the probe's string for `find` (no such
+#: plan), else None (not probed). The kernel's entry once a plan was kept with the kernel loaded
+#: (`_entry`); before, nothing is served
+serve = _serve_none
+_C: list = []  # the loaded build's (serve, keep, clear), once installed
+
+
 def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
-         return_lse):
+         return_lse, layout=None):
     """(signature, the plan kept under it or None). The signature is None when the call has no
     cheap one (an input that is not a tensor: the full path says what is wrong); an unhashable
-    one (a list as scale) finds no plan and keeps none."""
+    one (a list as scale) finds no plan and keeps none. `layout`: the probe's string for these
+    inputs where `serve` made it (the probe is not called again), else None."""
     kernel, sig = _ENV.get(_KERNEL), None
     probe = _PROBES.get(kernel, _probe_for)
     if probe is _probe_for:
         probe = _probe_for(kernel)
     if probe is not None and type(query) is type(key) is type(value) is _TENSOR:
         # layouts, grad mode and the NaN/Inf verdict; the keys and values checked with any mask
-        try:
-            layout = probe(query, key, value, -PRE_MAX if is_causal is False and mask is None
-                           else PRE_MAX)
-        except RuntimeError:  # under vmap (no batching rule): Python's signature, as without
-            layout = None
+        if layout is None:
+            try:
+                layout = probe(query, key, value, -PRE_MAX if is_causal is False and mask is
+                               None else PRE_MAX)
+            except RuntimeError:  # under vmap (no batching rule): Python's signature, as
+                layout = None  # without the probe
         if layout == "":  # a tensor without a plain layout (sparse, nested, a functorch wrapper)
             return None, None
         if layout is not None:
@@ -189,14 +214,26 @@ def _caller(plan: Plan, verdict: str):
     `run_sdpa` (the probe left the check to it). A plan under 'N' keeps no `sdpa`."""
     if verdict != "F":
         return functools.partial(run_sdpa, plan)
-    run, causal, scale, gqa = plan.sdpa
-    if run is _sdpa_plain:
+    hooked, causal, scale, gqa = _as_called(plan)
+    if not hooked:
         kw = {"is_causal": causal, "enable_gqa": True} if gqa else {"is_causal": causal}
-        D = plan.template.dims.D
-        if D <= 0 or scale != 1.0 / math.sqrt(D):  # else SDPA's own default, bit for bit
-            kw["scale"] = scale  # (passing it costs SDPA's argument parser 0.2 µs)
+        if scale is not None:
+            kw["scale"] = scale
         return functools.partial(F.scaled_dot_product_attention, **kw)
-    return functools.partial(run, is_causal=causal, scale=scale)  # sdpa.flash
+    return functools.partial(plan.sdpa[0], is_causal=causal, scale=scale)  # sdpa.flash
+
+
+def _as_called(plan: Plan) -> tuple:
+    """How a plan under 'F' calls SDPA: (hooked: `sdpa.flash`, whose SDPA node gets the
+    second-order pre-hook, is_causal, scale or None where it is SDPA's own default bit for bit
+    (passing it costs SDPA's argument parser 0.2 µs), enable_gqa)."""
+    run, causal, scale, gqa = plan.sdpa
+    if run is not _sdpa_plain:
+        return True, causal, scale, False  # sdpa.flash: equal heads, the scale passed
+    D = plan.template.dims.D
+    if D > 0 and scale == 1.0 / math.sqrt(D):
+        scale = None
+    return False, causal, scale, bool(gqa)
 
 
 def _finite_with(ops):
@@ -234,11 +271,30 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     plan = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
     if how is not None:
         plan.call = _caller(plan, verdict)
+        if verdict == "F" and _entry() is not None:  # served whole in C from the next call
+            _C[0][1](*sig[:5], mask, *sig[6:], *_as_called(plan))
     _PLANS[sig] = plan
     if _PROBES.get(sig[-2], 0) is None and build.loaded() is not None:
         del _PROBES[sig[-2]]  # the kernel was loaded since: the next call takes its probe
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
+
+
+def _entry():
+    """The loaded build's (serve, keep, clear) (csrc/serve.cpp), installed once (`serve` is
+    then the C one), or None where no build is loaded."""
+    if not _C:
+        fn = build.c_entry("attnlab_cheap_entry")
+        if fn is None:
+            return None
+        from attnlab.ops import sdpa
+
+        fn.restype = ctypes.py_object
+        fn.argtypes = [ctypes.py_object] * 4 + [ctypes.c_longlong] * 2
+        _C.append(fn(sdpa._twice, _ENV, _KERNEL, _ISA, PRE_MAX, MAX_PLANS))
+        global serve
+        serve = _C[0][0]
+    return _C[0]
 
 
 _LOAD_TRIED = [False]
@@ -271,3 +327,5 @@ def clear() -> None:
     mid-run)."""
     _PLANS.clear()
     _PROBES.clear()
+    if _C:
+        _C[0][2]()

@@ -45,7 +45,7 @@ from attnlab.ops.kernels.isa import KernelUnavailable, chosen_isa, enabled, lack
 from attnlab.ops.kernels.toolchain import locked, ninja_on_path
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "probe.cpp")
+SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "probe.cpp", "serve.cpp")
 HEADERS = ("decode.h", "interval.h", "pool.h", "probe.h", "queue.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
@@ -215,6 +215,22 @@ def _dlopen(lib: Path) -> None:
     import torch
 
     torch.ops.load_library(str(lib))
+
+
+def c_entry(symbol: str):
+    """The C function `symbol` of the build loaded in this process, called through ctypes with
+    the GIL held (`ctypes.PyDLL` of the very library `_dlopen` loaded: the same handle, nothing
+    loaded again), or None where no build is loaded or its file is gone (csrc/serve.cpp's
+    `attnlab_cheap_entry`)."""
+    import ctypes
+
+    isa = next(iter(_LOADED), None) if enabled() else None
+    if isa is None:
+        return None
+    try:  # RTLD_NOLOAD: only a library already loaded (gone from its folder since: None)
+        return getattr(ctypes.PyDLL(str(_from_path(isa)), mode=os.RTLD_NOLOAD), symbol)
+    except (OSError, AttributeError):
+        return None
 
 
 def _ops(ns: str):

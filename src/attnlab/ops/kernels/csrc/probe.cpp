@@ -58,7 +58,7 @@ void put(std::string& s, int64_t v) {
 
 }  // namespace
 
-std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
+std::string layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const at::Tensor* xs[3] = {&q, &k, &v};
   std::string s;
   s.reserve(64);
@@ -73,14 +73,30 @@ std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     put(s, x->requires_grad());
   }
   put(s, at::GradMode::is_enabled());
+  return s;
+}
+
+bool decides(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
+  const at::Tensor* xs[3] = {&q, &k, &v};
   const int n = check == 0 ? 0 : check < 0 ? 1 : 3;  // the tensors checked: q, or q, k, v
   const int64_t most = check < 0 ? -check : check;
-  char verdict = n ? 'F' : 'U';
-  for (int i = 0; i < n && verdict == 'F'; ++i)
-    if (!checkable(*xs[i], most)) verdict = 'U';
-  for (int i = 0; i < n && verdict == 'F'; ++i)
-    if (!finite(*xs[i])) verdict = 'N';
-  s.push_back(verdict);
+  for (int i = 0; i < n; ++i)
+    if (!checkable(*xs[i], most)) return false;
+  return n > 0;
+}
+
+bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
+  const at::Tensor* xs[3] = {&q, &k, &v};
+  const int n = check < 0 ? 1 : 3;
+  for (int i = 0; i < n; ++i)
+    if (!finite(*xs[i])) return false;
+  return true;
+}
+
+std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {
+  std::string s = layout(q, k, v);
+  if (s.empty()) return s;
+  s.push_back(!decides(q, k, v, check) ? 'U' : all_finite3(q, k, v, check) ? 'F' : 'N');
   return s;
 }
 

@@ -17,4 +17,11 @@ namespace attnlab_k {
 // storage): such a call keeps no plan.
 std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
 
+// probe's two halves (serve.cpp checks the values after SDPA's kernel has read them): the
+// layout string without the verdict ("" as probe's); whether `check` decides (the verdict is 'F'
+// or 'N', not 'U'); and, where it decides, whether the tensors it checks are all finite
+std::string layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+bool decides(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
+bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
+
 }  // namespace attnlab_k
