@@ -143,6 +143,28 @@ def test_builds_agree_and_threads_do_not_change_the_result(dtype):
         assert (o - outs[0]).abs().max().item() < 2e-6
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_query_in_the_cache_dtype_and_no_intervals_are_the_same_call(dtype):
+    """q in the cache's dtype (converted in the kernel, out in q's dtype) against q in float32
+    (out float32, rounded as torch rounds it); lo, hi None against every row's [0, S), every
+    build, chunks merged (32) or not: the same bits."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 8, 3, 64, generator=g).to(dtype)
+    k, v = (torch.randn(2, 2, 777, 64, generator=g).to(dtype) for _ in range(2))
+    lo, hi = torch.zeros(1, 1, 3, dtype=torch.int32), torch.full((1, 1, 3), 777, dtype=torch.int32)
+    for isa in build.runnable():
+        ops = build.load(isa)
+        for chunk in (0, 32):
+            want, want_lse, _ = ops.decode(q.float(), k, v, lo, hi, None, 0.125, 0.0, 0, chunk,
+                                           True)
+            for a, b in ((lo, hi), (None, None)):
+                out, lse, finite = ops.decode(q, k, v, a, b, None, 0.125, 0.0, 0, chunk, True)
+                assert finite and out.dtype == dtype and torch.equal(lse, want_lse), isa
+                assert torch.equal(out, want.to(dtype)), isa
+    with pytest.raises(RuntimeError, match="both or neither"):
+        ops.decode(q, k, v, lo, None, None, 0.125, 0.0, 0, 0, True)
+
+
 @pytest.mark.parametrize("G, D", [(4, 128), (4, 64), (16, 32), (2, 256), (1, 64)])
 def test_bf16_scores_from_the_tile_unit_match_the_vector_path(monkeypatch, G, D):
     """bfloat16 keys and queries: the AMX tile unit's q·k (where the CPU has it, whole 64-key

@@ -10,7 +10,7 @@ import torch
 
 from attnlab.errors import check_choice, check_softcap
 from attnlab.masks import Mask
-from attnlab.ops import cheap, dispatch
+from attnlab.ops import cheap, decode_steps, dispatch
 from attnlab.ops.problem import Problem
 from attnlab.ops.validate import make_problem
 from attnlab.ops.weights import row_indices, rows_of
@@ -122,13 +122,21 @@ def attention(
             p = cheap.problem(plan, query, key, value)
             out, lse = dispatch.run(plan.backend, p, need_lse=return_lse)
             return (out, lse) if return_lse else out
+        if sig is not None:  # a decode step whose cache grew (`ops/decode_steps.py`)
+            step, out = decode_steps.find(query, key, value, dropout_p, is_causal, scale,
+                                          enable_gqa, mask, softcap, return_lse)
+            if out is not None:
+                return out
     p = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                      mask=mask, softcap=softcap, alibi_slopes=alibi_slopes, score_mod=score_mod,
                      sinks=sinks)
     check_choice("backend", backend, dispatch.BACKENDS)
     if sig is not None:
         name = dispatch.choose(p, return_lse).backend
-        cheap.keep(sig, p, name, mask, return_lse)
+        if name == "decode":  # kept without its cache length: the next steps' too
+            decode_steps.keep(step, p, mask)
+        else:
+            cheap.keep(sig, p, name, mask, return_lse)
         out, lse = dispatch.run(name, p, need_lse=return_lse)
         return (out, lse) if return_lse else out
     out, lse = dispatch.run(backend, p, need_lse=return_lse)

@@ -225,6 +225,8 @@ def _empty(p: Problem) -> bool:
 
 def _check_budget(name: str, p: Problem, need_lse: bool) -> None:
     """Refuse a dense path whose (..., H, L, S) buffers exceed `budget.limit()`."""
+    if name not in ("reference", "math", "sdpa"):  # the others hold no (L, S) buffer
+        return
     scores = p.dims.scores_shape
     n = budget.entries(scores)
     acc = accum_dtype(p.query.dtype).itemsize

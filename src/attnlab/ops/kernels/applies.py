@@ -40,7 +40,7 @@ def _why_not(p: Problem, name: str) -> str | None:
         return f"attn_mask: backend {name} {one}; pass a structured mask= instead"
     if not build.enabled():
         return f"backend: {name} is turned off (ATTNLAB_KERNEL=0)"
-    if runner.intervals_of(p) is None:
+    if p.structured is not None and runner.intervals_of(p) is None:  # no mask: [0, S) each
         return f"mask: backend {name} {one}; {p.structured!r} does not give them"
     if not _available(p):
         return f"backend: {name} is not available: {kernels.status().reason}"

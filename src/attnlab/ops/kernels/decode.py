@@ -26,6 +26,8 @@ poisoned, even without a mask) and the rows that may attend them set to NaN.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnlab.ops.kernels import applies, gate, runner
@@ -125,24 +127,37 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
         return runner.forward(p, need_lse, verify=verify)
     q = runner._batched(p.query, d)  # (B, H, L, D)
     k, v = _cache(p.key, d), _cache(p.value, d)  # (B, Hkv, S, D|Dv)
-    c = runner._call(p, d.Dv)
     report = [] if verify else None
-    out, lse = _fwd(kernel._ops(None), c, q, k, v, report)
+    out, lse = _fwd(kernel._ops(None), _args(p), q, k, v, report)
     if verify and not report[0]:
         return None
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
     return runner._shaped(out, (*rows, d.Dv)), runner._shaped(lse, rows)
 
 
-def _fwd(ops, c: gate.Call, q, k, v, report=None):
-    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)); report gets whether what the
-    kernel read was finite (None: nothing checked)."""
-    qf = q.to(torch.float32).contiguous()  # (B, H, L, D): a few rows
-    out, lse, finite = ops.decode(qf, k, v, c.lo, c.hi, c.slopes, c.scale, c.softcap, c.pos_off,
-                                  0, report is not None)
+def _args(p: Problem) -> tuple:
+    """The kernel's (lo, hi (B|1, Hm, L) int32, slopes (B|1, H) float32 or None, scale, softcap)
+    of a validated call, batch dims flattened into B (`runner._call`'s, without its Call); lo and
+    hi None for a call without a mask (every row attends the whole cache: no tensors made)."""
+    d = p.dims
+    B = math.prod(d.batch)
+    lo = hi = None
+    if p.structured is not None:
+        lo, hi = (runner._rows(x, d.batch, B) for x in runner.intervals_of(p))  # (B|1, Hm, L)
+    slopes = None if p.alibi_slopes is None else gate.slopes(p.alibi_slopes, B, d.H)
+    return (lo, hi, slopes, p.scale, float(p.softcap or 0.0))
+
+
+def _fwd(ops, args: tuple, q, k, v, report=None):
+    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)) from q (B, H, L, D) contiguous or
+    not, in any of the kernel's dtypes, and `_args`; report gets whether what the kernel read was
+    finite (None: nothing checked)."""
+    lo, hi, slopes, scale, softcap = args
+    out, lse, finite = ops.decode(q.contiguous(), k, v, lo, hi, slopes, scale, softcap, 0, 0,
+                                  report is not None)
     if report is not None:
         report.append(finite)
-    return out.to(q.dtype), lse
+    return out, lse
 
 
 def checked(p: Problem, need_lse: bool):

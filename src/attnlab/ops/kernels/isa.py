@@ -28,8 +28,22 @@ class KernelUnavailable(AttnlabError, RuntimeError):
     the kernel turned off); callers fall back to the PyTorch path."""
 
 
+#: the process environment's own dict (bytes -> bytes) where there is one: every kernel call asks
+#: the switches below (a decode step several times), and os.environ.get encodes the name and
+#: decodes the value each time (os.environ's writes, monkeypatch's included, update this dict)
+_RAW = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _env(name: str) -> str:
+    """os.environ.get(name, "")."""
+    if _RAW is None:
+        return os.environ.get(name, "")
+    value = _RAW.get(name.encode())
+    return "" if value is None else os.fsdecode(value)
+
+
 def enabled() -> bool:
-    return os.environ.get("ATTNLAB_KERNEL", "1").strip().lower() not in ("0", "off", "false", "no")
+    return (_env("ATTNLAB_KERNEL") or "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 @functools.cache
@@ -59,7 +73,7 @@ def lacking(isa: str) -> list[str]:
 
 def chosen_isa() -> str:
     """ATTNLAB_KERNEL_ISA if set, else the best build this CPU runs."""
-    forced = os.environ.get("ATTNLAB_KERNEL_ISA", "").strip().lower()
+    forced = _env("ATTNLAB_KERNEL_ISA").strip().lower()
     if forced:
         if forced not in ISAS:
             raise AttnlabError(f"ATTNLAB_KERNEL_ISA: expected one of {ISAS}, got {forced!r}")

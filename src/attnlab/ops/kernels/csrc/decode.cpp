@@ -116,9 +116,10 @@ struct Rows {
 struct Dec {
   int B, H, Hkv, L, S, D, Dv, DP, DvP;  // DP, DvP: head dims padded to whole vectors
   int G, GH, R, nsub;                   // heads per kv head, heads per item, rows per item
-  const float* q;                       // (B, H, L, D) contiguous
+  const void* q;                        // (B, H, L, D) contiguous, of dtype qdt
+  int qdt;
   Rows k, v;
-  const int32_t *lo, *hi;
+  const int32_t *lo, *hi;  // null: every row attends [0, S)
   int Bl, Hl;
   int64_t lo_sb, lo_sh;
   const float* slopes;
@@ -126,8 +127,8 @@ struct Dec {
   float scale, softcap;
   int pos_off;
   bool amx;  // bfloat16 keys' scores from the AMX tile unit (amx_ok, ATTNLAB_DECODE_AMX != "0")
-  int row_lo(int b, int h, int i) const { return lo[b * lo_sb + h * lo_sh + i]; }
-  int row_hi(int b, int h, int i) const { return hi[b * lo_sb + h * lo_sh + i]; }
+  int row_lo(int b, int h, int i) const { return lo ? lo[b * lo_sb + h * lo_sh + i] : 0; }
+  int row_hi(int b, int h, int i) const { return hi ? hi[b * lo_sb + h * lo_sh + i] : S; }
   // a K (V) row read in place: float32 whose length is whole vectors
   bool k_direct() const { return k.dt == F32 && D == DP; }
   bool v_direct() const { return v.dt == F32 && Dv == DvP; }
@@ -492,8 +493,9 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   const int h0 = g.hk * d.G + g.sub * d.GH;
   for (int r = 0; r < R; ++r) {  // r = head offset · L + row
     const int h = h0 + r / d.L, i = r % d.L;
-    const float* qs = d.q + (((int64_t)g.b * d.H + h) * d.L + i) * d.D;
-    std::copy(qs, qs + d.D, Q + (int64_t)r * DP);
+    const int64_t qi = (((int64_t)g.b * d.H + h) * d.L + i) * d.D;  // its first element
+    to_float(static_cast<const char*>(d.q) + qi * (d.qdt == F32 ? 4 : 2), d.qdt, d.D,
+             Q + (int64_t)r * DP);
     std::fill(Q + (int64_t)r * DP + d.D, Q + (int64_t)(r + 1) * DP, 0.0f);
     const int bl = d.Bl > 1 ? g.b : 0, hl = d.Hl > 1 ? h : 0;
     rlo[r] = std::max(ja, d.row_lo(bl, hl, i));
@@ -661,9 +663,11 @@ ItemFn item_for_v(const Dec& d) {
   return d.v.dt == BF16 ? &chunk_item<TK, bf16> : &chunk_item<TK, f16>;
 }
 
-// whether every q value is a bfloat16 value (its low 16 bits zero): the products of vdpbf16ps
-// are then exact, as in float32
-bool bf16_exact(const float* q, int64_t n) {
+// whether every q value is a bfloat16 value (a bfloat16 q, or float32 whose low 16 bits are
+// zero): the products of vdpbf16ps are then exact, as in float32
+bool bf16_exact(const void* qv, int qdt, int64_t n) {
+  if (qdt != F32) return qdt == BF16;
+  const float* q = static_cast<const float*>(qv);
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, q + i, 4);
@@ -684,7 +688,7 @@ bool cpu_has_bf16() {
 // keys: bfloat16 keys by AVX-512 BF16 where the CPU has it and q is bfloat16; else read in place
 // for one row, converted once into the scratch for several
 ItemFn item_fn(const Dec& d, int64_t qn) {
-  if (d.k.dt == BF16 && d.D % 32 == 0 && W == 16 && cpu_has_bf16() && bf16_exact(d.q, qn))
+  if (d.k.dt == BF16 && d.D % 32 == 0 && W == 16 && cpu_has_bf16() && bf16_exact(d.q, d.qdt, qn))
     return item_for_v<bf16dp>(d);
   if (d.D % W || d.R > 1 || d.k.dt == F32) return item_for_v<float>(d);
   return d.k.dt == BF16 ? item_for_v<bf16>(d) : item_for_v<f16>(d);
@@ -815,13 +819,15 @@ Rows rows_of(const Tensor& t, const char* name) {
 int64_t decode_bf16_path() { return cpu_has_bf16() ? 2 : W > 1 ? 1 : 0; }
 
 std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const Tensor& lo, const Tensor& hi,
+                                        const std::optional<Tensor>& lo_,
+                                        const std::optional<Tensor>& hi_,
                                         const std::optional<Tensor>& slopes, double scale,
                                         double softcap, int64_t pos_off, int64_t chunk,
                                         bool check) {
-  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.scalar_type() == at::kFloat &&
-                  q.device().is_cpu(), "q: expected a contiguous float32 (B, H, L, D) CPU tensor");
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.device().is_cpu(),
+              "q: expected a contiguous (B, H, L, D) CPU tensor");
   Dec d{};
+  d.qdt = dtype_of(q, "q");
   d.B = q.size(0);
   d.H = q.size(1);
   d.L = q.size(2);
@@ -835,17 +841,22 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
               "k: expected (B, Hkv, S, D) with H a multiple of Hkv, got ", k.sizes());
   TORCH_CHECK(v.size(0) == d.B && v.size(1) == d.Hkv && v.size(2) == d.S,
               "v: expected (B, Hkv, S, Dv), got ", v.sizes());
-  TORCH_CHECK(lo.dim() == 3 && hi.sizes() == lo.sizes() && lo.is_contiguous() &&
-                  hi.is_contiguous() && lo.scalar_type() == at::kInt &&
-                  hi.scalar_type() == at::kInt && (lo.size(0) == 1 || lo.size(0) == d.B) &&
-                  (lo.size(1) == 1 || lo.size(1) == d.H) && lo.size(2) == d.L,
-              "lo, hi: expected contiguous int32 (B|1, H|1, L), got ", lo.sizes());
-  d.Bl = lo.size(0);
-  d.Hl = lo.size(1);
-  d.lo_sb = d.Bl > 1 ? lo.stride(0) : 0;
-  d.lo_sh = d.Hl > 1 ? lo.stride(1) : 0;
-  d.lo = lo.data_ptr<int32_t>();
-  d.hi = hi.data_ptr<int32_t>();
+  TORCH_CHECK(lo_.has_value() == hi_.has_value(), "lo, hi: expected both or neither");
+  d.Bl = d.Hl = 1;  // without lo and hi: one interval [0, S) for every row
+  if (lo_.has_value()) {
+    const Tensor &lo = *lo_, &hi = *hi_;
+    TORCH_CHECK(lo.dim() == 3 && hi.sizes() == lo.sizes() && lo.is_contiguous() &&
+                    hi.is_contiguous() && lo.scalar_type() == at::kInt &&
+                    hi.scalar_type() == at::kInt && (lo.size(0) == 1 || lo.size(0) == d.B) &&
+                    (lo.size(1) == 1 || lo.size(1) == d.H) && lo.size(2) == d.L,
+                "lo, hi: expected contiguous int32 (B|1, H|1, L), got ", lo.sizes());
+    d.Bl = lo.size(0);
+    d.Hl = lo.size(1);
+    d.lo_sb = d.Bl > 1 ? lo.stride(0) : 0;
+    d.lo_sh = d.Hl > 1 ? lo.stride(1) : 0;
+    d.lo = lo.data_ptr<int32_t>();
+    d.hi = hi.data_ptr<int32_t>();
+  }
   if (slopes.has_value()) {
     const Tensor& s = *slopes;
     TORCH_CHECK(s.dim() == 2 && s.is_contiguous() && s.scalar_type() == at::kFloat &&
@@ -863,7 +874,7 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
 #endif
   d.DP = (d.D + W - 1) / W * W;
   d.DvP = (d.Dv + W - 1) / W * W;
-  d.q = q.data_ptr<float>();
+  d.q = q.data_ptr();
   d.G = d.H / d.Hkv;
   // heads per item: all G of a kv head while their rows fit RMAX; else the largest divisor of G
   d.GH = d.G;
@@ -875,11 +886,12 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
   d.nsub = d.G / d.GH;
   d.R = d.GH * d.L;
 
-  Tensor out = at::empty({d.B, d.H, d.L, d.Dv}, q.options());
-  Tensor lse = at::empty({d.B, d.H, d.L}, q.options());
+  const auto f32 = q.options().dtype(at::kFloat);
+  Tensor out = at::empty({d.B, d.H, d.L, d.Dv}, f32);  // (B, H, L, Dv): q's dtype at the end
+  Tensor lse = at::empty({d.B, d.H, d.L}, f32);         // (B, H, L)
   float* po = out.data_ptr<float>();
   float* pl = lse.data_ptr<float>();
-  if (d.B == 0 || d.H == 0 || d.L == 0) return {out, lse, check};
+  if (d.B == 0 || d.H == 0 || d.L == 0) return {out.to(q.scalar_type()), lse, check};
 
   // groups and their keys: the union of their rows' intervals, in chunks of `chunk` keys
   std::vector<Group> groups;
@@ -935,7 +947,8 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
   sh.scratch = scratch_floats(d);
   sh.fn = item_fn(d, q.numel());
   sh.check = check;
-  sh.hold = {q, k, v, lo, hi};
+  sh.hold = {q, k, v};
+  if (lo_.has_value()) sh.hold.insert(sh.hold.end(), {*lo_, *hi_});
   if (slopes.has_value()) sh.hold.push_back(*slopes);
   sh.done_by.reset(new std::atomic<int>[items]);
   for (int64_t i = 0; i < items; ++i) sh.done_by[i].store(-1);
@@ -944,7 +957,7 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
       {T, items, 1 + (int64_t)std::min(stream_ns(bytes / 4) / HELPER_NS, 1e9)});
   run_shared(sp, helpers, po, pl);
   const bool bad = sh.bad.load();
-  return {out, lse, check && !bad};
+  return {out.to(q.scalar_type()), lse, check && !bad};
 }
 
 }  // namespace attnlab_k

@@ -521,7 +521,7 @@ ATTNLAB_LIBRARY(ATTNLAB_NS, m) {
   m.def("pool_cached_bytes() -> int", &pool_cached_bytes);
   m.def("pool_trim(int keep) -> int", &pool_trim);
   m.def("pool_zeros(int[] size) -> Tensor", &pool_zeros);
-  m.def("decode(Tensor q, Tensor k, Tensor v, Tensor lo, Tensor hi, Tensor? slopes, float scale, "
+  m.def("decode(Tensor q, Tensor k, Tensor v, Tensor? lo, Tensor? hi, Tensor? slopes, float scale, "
         "float softcap, int pos_off, int chunk=0, bool check=False) -> (Tensor, Tensor, bool)",
         &attnlab_k::decode);
   m.def("decode_bf16_path() -> int", &attnlab_k::decode_bf16_path);

@@ -1,0 +1,115 @@
+"""The decode step path of `attnlab.attention`: a decoding loop's next step, whose key/value
+cache grew by a row (or a few) since the last one, skips validating and choosing what its
+cache length does not change.
+
+`ops/cheap.py` keeps a plan per signature, and a signature holds every shape: a cache that grows
+by one key each step is a new signature each step (the full path's validation and choice, ~60 µs
+of Python a step, and one plan more per step, evicting the others). A step plan is kept instead
+for a call "auto" gave the decode kernel, under the signature without the cache length S: the
+type, shape, strides, dtype, device and requires_grad of the query; the same of key and value
+but their S and strides (the kernel reads any strides, a slice of a preallocated cache as
+well as a cache `torch.cat` grows); the scalar arguments, the grad mode and the mask *object*
+(held by the plan, so its identity stays its own, as in `cheap.py`). The kernel's switches
+(ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) are read by every step as on the full path.
+
+A step with another S redoes exactly what depends on S, with the full path's own functions:
+key and value of one length (else the full path says what is wrong), the structured mask checked
+and simplified for (L, S) (`validate._structured`; an error: the full path raises it) and the
+choice (`decode.takes`, which is "auto"'s answer for a call of this signature: at least MIN_KEYS
+keys, and the bytes of a plain one-head-per-kv-head cache); a step it does not give the decode
+kernel takes the full path. The step then runs through `dispatch.run`, NaN/Inf rules and all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.ops import dispatch
+from attnlab.ops.kernels import decode
+from attnlab.ops.problem import Dims, Problem
+from attnlab.ops.validate import _structured
+
+#: step plans kept (one per decode signature: a model's layer shapes, a mask object per step
+#: where a model builds its mask every forward), the least recently used dropped
+MAX_PLANS = 64
+
+
+@dataclasses.dataclass
+class Step:
+    template: Problem  # the validated Problem of one step, without its tensors
+    mask: object  # held so that its identity, part of the signature, stays its own
+
+
+_PLANS: OrderedDict = OrderedDict()
+_TENSOR = torch.Tensor
+
+
+def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
+         return_lse):
+    """(signature, result): result = out (or (out, lse) with return_lse) of a step of a plan
+    kept under the call's S-free signature, or None (the full path runs the call). signature:
+    None when the call has none (not three plain tensors, or unhashable)."""
+    if not (type(query) is type(key) is type(value) is _TENSOR) or query.dim() < 2 or \
+            query.shape[-2] > decode.MAX_ROWS:  # not decode-shaped: no step plan
+        return None, None
+    ks, vs = key.shape, value.shape
+    sig = (query.shape, query.stride(), query.dtype, query.device, query.requires_grad,
+           ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
+           value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
+           enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled())
+    try:
+        step = _PLANS.get(sig)
+    except TypeError:  # unhashable (a list as scale): the full path says what is wrong
+        return None, None
+    if step is None:
+        return sig, None
+    _PLANS.move_to_end(sig)
+    p = _problem(step, query, key, value, is_causal)
+    if p is None or not decode.takes(p, return_lse):
+        return sig, None
+    out, lse = dispatch.run("decode", p, need_lse=return_lse)
+    return sig, ((out, lse) if return_lse else out)
+
+
+def _problem(step: Step, query, key, value, is_causal) -> Problem | None:
+    """The step's Problem at this call's S, or None where the full path must decide (key and
+    value of different lengths, a mask that does not fit (L, S))."""
+    S = key.shape[-2]
+    if value.shape[-2] != S:
+        return None
+    t = step.template
+    d = t.dims
+    dims = Dims(d.batch, d.H, d.Hkv, d.L, S, d.D, d.Dv, d.ndim)
+    if d.ndim > 2:  # as make_problem: a key/value batch of 1 serves every query batch element
+        query, key, value = (x if x.shape[:-3] == d.batch else x.expand(*d.batch, *x.shape[-3:])
+                             for x in (query, key, value))
+    structured = None
+    if step.mask is not None or is_causal:
+        try:
+            structured = _structured(step.mask, is_causal, dims)
+        except AttnlabError:
+            return None
+    return Problem(query, key, value, dims, t.scale, t.dropout_p, structured, None, t.softcap)
+
+
+def keep(sig, p: Problem, mask) -> None:
+    """Keep the step plan of a call that validated and that "auto" gave the decode kernel (its
+    tensors dropped: no input is held alive); a call with what a step does not rebuild (a dense
+    mask, ALiBi slopes, a score_mod, sinks) keeps none."""
+    if sig is None or p.attn_mask is not None or p.alibi_slopes is not None or \
+            p.score_mod is not None or p.sinks is not None:
+        return
+    template = dataclasses.replace(p, query=None, key=None, value=None, finite=False,
+                                   memo={})
+    _PLANS[sig] = Step(template, mask)
+    while len(_PLANS) > MAX_PLANS:
+        _PLANS.popitem(last=False)
+
+
+def clear() -> None:
+    """Forget every step plan (tests)."""
+    _PLANS.clear()

@@ -1,0 +1,130 @@
+"""The decode step path (`ops/decode_steps.py`): a decoding loop whose cache grows every step
+keeps one plan, not one per cache length, and each step gives the full path's answer, its
+errors and its NaN/Inf rules; a plan holds no input and follows the kernel's switch."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import AttnlabError, masks
+from attnlab.ops import cheap, decode_steps, kernels
+
+from helpers import spy_backends
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the compiled kernel")
+
+S0 = 256  # decode.MIN_KEYS: "auto" gives these grouped-query steps the decode kernel
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    cheap.clear()
+    decode_steps.clear()
+    yield
+    cheap.clear()
+    decode_steps.clear()
+
+
+def _cache(n=S0 + 8, dtype=torch.float32, seed=0, B=1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 4, 1, 16, generator=g).to(dtype)  # 4 query heads on 2 kv heads
+    k, v = (torch.randn(B, 2, n, 16, generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def _full(q, k, v, **kw):
+    """The full path's answer: no plan kept, none used."""
+    cheap.clear()
+    decode_steps.clear()
+    try:
+        return attnlab.attention(q, k, v, enable_gqa=True, **kw)
+    finally:
+        cheap.clear()
+        decode_steps.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kw", [{}, {"mask": masks.causal("bottom_right")}, {"softcap": 3.0},
+                                {"mask": masks.sliding_window(64, "bottom_right")},
+                                {"return_lse": True}])
+def test_a_growing_cache_keeps_one_plan_and_gives_the_full_paths_answer(kw, dtype):
+    q, k, v = _cache(dtype=dtype)
+    lengths = range(S0, S0 + 5)  # a slice of a preallocated cache, one key more each step
+    want = [_full(q, k[:, :, :n], v[:, :, :n], **kw) for n in lengths]
+    kept = []
+    for n, w in zip(lengths, want):
+        got = attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True, **kw)
+        kept.append(len(decode_steps._PLANS))
+        for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, w))):
+            assert torch.equal(a, b)
+    assert kept == [1] * 5 and len(cheap._PLANS) == 0
+
+
+def test_a_cache_grown_by_cat_and_a_broadcast_batch_take_the_plan(monkeypatch):
+    q, k, v = _cache(B=3)
+    k1, v1 = k[:1], v[:1]  # one key/value batch element serves every query's
+    caches = [(k1[:, :, :n].clone(), v1[:, :, :n].clone()) for n in range(S0, S0 + 4)]
+    want = [_full(q, kc, vc) for kc, vc in caches]
+    ran = spy_backends(monkeypatch)
+    kc, vc = caches[0]
+    for j, w in zip(range(S0, S0 + 4), want):
+        if j > S0:  # one key more, appended
+            kc, vc = torch.cat([kc, k1[:, :, j - 1:j]], 2), torch.cat([vc, v1[:, :, j - 1:j]], 2)
+        assert torch.equal(attnlab.attention(q, kc, vc, enable_gqa=True), w)
+    assert ran == ["decode"] * 4 and len(decode_steps._PLANS) == 1
+
+
+def test_a_step_auto_does_not_give_the_decode_kernel_takes_the_full_path(monkeypatch):
+    q, k, v = _cache()
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True)  # the plan
+    ran = spy_backends(monkeypatch)
+    got = attnlab.attention(q, k[:, :, :40], v[:, :, :40], enable_gqa=True)  # < MIN_KEYS
+    assert "decode" not in ran
+    assert torch.equal(got, _full(q, k[:, :, :40], v[:, :, :40]))
+
+
+def test_errors_at_a_new_length_are_the_full_paths():
+    q, k, v = _cache()
+    m = masks.window(left=100, right=0, align="bottom_right", key_lengths=[S0])
+    for kn, vn in ((S0 + 1, S0 + 2), (S0 - 1, S0 - 1)):  # k, v lengths differ; key_lengths > S
+        attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, mask=m)  # the plan
+        with pytest.raises(AttnlabError) as got:
+            attnlab.attention(q, k[:, :, :kn], v[:, :, :vn], enable_gqa=True, mask=m)
+        assert len(decode_steps._PLANS) == 1
+        with pytest.raises(AttnlabError) as want:
+            _full(q, k[:, :, :kn], v[:, :, :vn], mask=m)
+        assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nonfinite_inputs_on_a_plan_follow_the_rules(where):
+    q, k, v = _cache()
+    m = masks.causal("bottom_right")
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, mask=m)  # the plan
+    x = {"query": q, "key": k, "value": v}[where]
+    x[0, 1, 0, 3] = float("nan")
+    n = S0 + 3
+    got = attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True, mask=m)
+    want = _full(q, k[:, :, :n], v[:, :, :n], mask=m)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and bool(torch.isnan(got).any())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+def test_a_plan_holds_no_input_and_follows_the_kernel_switch(monkeypatch):
+    q, k, v = _cache()
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True)
+    ref = weakref.ref(k)
+    del k, v
+    gc.collect()
+    assert ref() is None and len(decode_steps._PLANS) == 1
+    q, k, v = _cache(seed=1)
+    ran = spy_backends(monkeypatch)
+    monkeypatch.setenv("ATTNLAB_KERNEL", "0")
+    got = attnlab.attention(q, k, v, enable_gqa=True)
+    assert ran and "decode" not in ran
+    assert (got - _full(q, k, v)).abs().max().item() < 1e-5
