@@ -266,24 +266,33 @@ def test_without_the_probe_the_signature_is_pythons_until_the_kernel_is_loaded()
     assert len(cheap._PLANS) == 2 and type(list(cheap._PLANS)[-1][0]) is str
 
 
-def test_inputs_over_pre_max_are_checked_one_by_one_after_sdpas_kernel_read_them():
+@pytest.mark.parametrize("causal", [False, True])
+def test_inputs_over_pre_max_are_checked_one_by_one_after_sdpas_kernel_read_them(causal):
     _probe()
-    q, k, v = _qkv(L=80, S=80, H=8, D=64)  # 40960 floats each: over PRE_MAX
+    q, k, v = _qkv(L=40, S=40, H=16, D=64)  # 40960 floats each: over PRE_MAX
     assert q.numel() > cheap.PRE_MAX
-    attnlab.attention(q, k, v)  # the plan (no mask: SDPA's kernel, the queries checked)
+    attnlab.attention(q, k, v, is_causal=causal)  # the plan (SDPA's kernel)
     (sig, plan), = cheap._PLANS.items()
     assert sig[0].endswith("U") and plan.sdpa is not None
     order = []
     run, finite = plan.sdpa[0], plan.finite
     plan.sdpa = (lambda *a: order.append("sdpa") or run(*a), *plan.sdpa[1:])
     plan.finite = lambda x: order.append("check") or finite(x)
-    want = attnlab.attention(q, k, v, backend="math")
-    assert (attnlab.attention(q, k, v) - want).abs().max().item() < 1e-5
-    assert order == ["sdpa", "check"]
-    q[0, 2, 30, 5] = float("nan")  # the kernel's result dropped: the full path's rules
-    got = attnlab.attention(q, k, v)
-    assert torch.isnan(got[0, 2, 30]).all() and torch.isnan(got).sum() == 64
-    assert order[2:] == ["sdpa", "check"]
+    want = attnlab.attention(q, k, v, is_causal=causal, backend="math")
+    assert (plan.call(q, k, v) - want).abs().max().item() < 1e-5  # the Python plan
+    assert order == ["sdpa", "check"] + ["check"] * 2 * causal
+    served = _served(q, k, v, is_causal=causal)  # the C plan: the same checks, after SDPA
+    assert type(served) is torch.Tensor and (served - want).abs().max().item() < 1e-5
+    assert order == ["sdpa", "check"] + ["check"] * 2 * causal  # (the Python plan not called)
+    x = v if causal else q
+    x[0, 2, 30, 5] = float("nan")  # the kernel's result dropped: the full path's rules
+    assert _served(q, k, v, is_causal=causal).endswith("U")
+    got = attnlab.attention(q, k, v, is_causal=causal)
+    cheap.clear()
+    rules = attnlab.attention(q, k, v, is_causal=causal)  # the full path
+    assert torch.isnan(got).any() and torch.equal(torch.isnan(got), torch.isnan(rules))
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(rules))
+    assert not torch.isnan(got[0, 2, :30]).any()  # rows before the poisoned one stay clean
 
 
 @pytest.mark.parametrize("D, scale", [(80, None), (80, 0.3), (64, 0.125)])

@@ -20,13 +20,14 @@ that runs SDPA's kernel as it is runs it with no other check; one under 'N' take
 checks each input itself. Elsewhere (the kernel off or not built, a tensor subclass) the
 signature is a Python tuple and plans run `run_sdpa`.
 
-Where the kernel is loaded, a plan under 'F' that runs SDPA as it is is also kept in the kernel's
-C table (csrc/serve.cpp), and `attention` asks it first (`serve`): one C call that probes, finds
-the plan (the probe's string and the scalars it serves: is_causal, enable_gqa, scale, dropout_p
-0, no softcap, no lse, the mask object and the kernel's switches), checks the inputs and runs
-SDPA's ATen op, giving a gradient's SDPA node the second-order pre-hook in C (it enters Python
-only for a backward that builds a graph). Any other call gets the probe's string back, which
-`find` takes as it is.
+Where the kernel is loaded, a plan under the probe's verdict that runs SDPA as it is is also kept
+in the kernel's C table (csrc/serve.cpp), and `attention` asks it first (`serve`): one C call
+that probes, finds the plan (the probe's string and the scalars it serves: is_causal,
+enable_gqa, scale, dropout_p 0, no softcap, no lse, the mask object and the kernel's switches),
+checks the inputs (under 'U', float32 and contiguous ones only, after the kernel, as `run_sdpa`)
+and runs SDPA's ATen op, giving a gradient's SDPA node the second-order pre-hook in C (it enters
+Python only for a backward that builds a graph). Any other call, and one whose inputs are not
+finite, gets the probe's string back, which `find` takes as it is.
 
 The first call of a signature takes the full path, which raises exactly what it always raised;
 only a call that validated is kept. At most MAX_PLANS signatures are kept, the oldest dropped.
@@ -96,8 +97,8 @@ def _serve_none(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask
 
 #: serve(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap, return_lse)
 #: -> the output of a call served whole in C (a plan that runs SDPA's kernel as it is, kept under
-#: the probe's finite verdict: csrc/serve.cpp), else the probe's string for `find` (no such
-#: plan), else None (not probed). The kernel's entry once a plan was kept with the kernel loaded
+#: the probe's verdict: csrc/serve.cpp), else the probe's string for `find` (no such plan, or an
+#: input not finite), else None (not probed). The kernel's entry once a plan was kept with the kernel loaded
 #: (`_entry`); before, nothing is served
 serve = _serve_none
 _C: list = []  # the loaded build's (serve, keep, clear), once installed
@@ -271,7 +272,7 @@ def keep(sig, p: Problem, backend: str, mask, need_lse: bool) -> None:
     plan = Plan(template, backend, mask, how, _finite_with(_ops(how is not None)))
     if how is not None:
         plan.call = _caller(plan, verdict)
-        if verdict == "F" and _entry() is not None:  # served whole in C from the next call
+        if type(sig[0]) is str and _entry() is not None:  # served whole in C from the next call
             _C[0][1](*sig[:5], mask, *sig[6:], *_as_called(plan))
     _PLANS[sig] = plan
     if _PROBES.get(sig[-2], 0) is None and build.loaded() is not None:

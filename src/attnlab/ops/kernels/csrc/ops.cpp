@@ -388,16 +388,6 @@ Tensor rows_padded(const Tensor& x, int64_t width) {
   return out;
 }
 
-// no NaN or Inf in x (float32, contiguous), on the kernel's work queue
-bool all_finite(const Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "all_finite: float32, contiguous");
-  const float* p = x.data_ptr<float>();
-  std::atomic<bool> bad{false};
-  run_ranges(x.numel(), GLUE_CHUNK, stream_ns(1), [&](int64_t b, int64_t e) {
-    if (!finite_span(p + b, e - b)) bad.store(true);
-  });
-  return !bad.load();
-}
 
 // where each row of x starts: a row index -> element offset, for any strides of the leading dims
 struct RowIndex {

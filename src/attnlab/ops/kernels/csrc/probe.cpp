@@ -5,8 +5,10 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DispatchKeySet.h>
 
+#include <atomic>
 #include <vector>
 
+#include "queue.h"
 #include "vec.h"
 
 namespace attnlab_k {
@@ -91,6 +93,16 @@ bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   for (int i = 0; i < n; ++i)
     if (!finite(*xs[i])) return false;
   return true;
+}
+
+bool all_finite(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "all_finite: float32, contiguous");
+  const float* p = x.data_ptr<float>();
+  std::atomic<bool> bad{false};
+  run_ranges(x.numel(), GLUE_CHUNK, stream_ns(1), [&](int64_t b, int64_t e) {
+    if (!finite_span(p + b, e - b)) bad.store(true);
+  });
+  return !bad.load();
 }
 
 std::string probe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check) {

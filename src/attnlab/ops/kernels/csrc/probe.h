@@ -24,4 +24,8 @@ std::string layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 bool decides(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
 bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
 
+// no NaN or Inf in x (float32, contiguous), read on the kernel's work queue (the op `all_finite`:
+// a plan's check of an input too large for the probe, ops/cheap.py, serve.cpp)
+bool all_finite(const at::Tensor& x);
+
 }  // namespace attnlab_k

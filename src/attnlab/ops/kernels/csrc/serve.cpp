@@ -15,7 +15,10 @@
 //   keep(layout, dropout_p, is_causal, scale, enable_gqa, mask, softcap, return_lse, kernel, isa,
 //        hooked, causal, run_scale, gqa) -> bool: keep a plan (False: scalars it does not serve)
 //   clear() -> None
-// A plan is served only under the probe's finite verdict 'F', for the exact scalars it was kept
+// A plan is served under the probe's finite verdict 'F' (the inputs checked before the kernel),
+// or under 'U' where each input checked is float32 and contiguous (too large for the probe:
+// checked after the kernel, on the work queue, as `run_sdpa` does; one not finite: the probe's
+// string, and the Python plan runs the call again by its rules), for the exact scalars it was kept
 // with (is_causal and enable_gqa bools, scale None or a float, dropout_p 0, no softcap, no lse),
 // the same mask object (held: its address is part of the key) and the same values of the kernel's
 // switches (ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) as when it was kept.
@@ -177,11 +180,18 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
     s.push_back(!decided ? 'U' : (finite < 0 ? all_finite3(q, k, v, check) : finite) ? 'F' : 'N');
     return PyUnicode_FromStringAndSize(s.data(), (Py_ssize_t)s.size());
   };
-  s.push_back('F');
-  if (!decided || st.plans.empty() || !key_of(s, a[3], a[4], a[5], a[6], a[7], a[8], a[9]))
+  s.push_back(decided ? 'F' : 'U');
+  if (st.plans.empty() || !key_of(s, a[3], a[4], a[5], a[6], a[7], a[8], a[9]))
     return verdict(-1);
   auto it = st.plans.find(s);
   if (it == st.plans.end()) return verdict(-1);
+  const at::Tensor* checked[3] = {&q, &k, &v};
+  const int n_checked = check < 0 ? 1 : 3;
+  if (!decided)  // checked after the kernel by `all_finite`, as the Python plan's `run_sdpa` does
+    for (int i = 0; i < n_checked; ++i)
+      if (checked[i]->scalar_type() != at::kFloat || !checked[i]->is_contiguous() ||
+          !checked[i]->device().is_cpu())
+        return verdict(-1);  // (its other checks: the Python plan's)
   const int k_same = same(it->second.kernel, st.kernel_key);
   const int i_same = k_same == 1 ? same(it->second.isa, st.isa_key) : k_same;
   if (i_same < 0) return nullptr;
@@ -192,12 +202,14 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
   at::Tensor out;
   {
     pybind11::gil_scoped_release no_gil;  // as PyTorch's own binding of SDPA
-    // checked before the kernel: after it (its reads leave them in cache) measured no faster
-    finite = all_finite3(q, k, v, check);
+    // inputs the probe decides are checked before the kernel (after it, when its reads have left
+    // them in cache, measured no faster), larger ones after it, one by one on the work queue
+    finite = !decided || all_finite3(q, k, v, check);
     if (finite)
       out = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, p.causal, p.scale, p.gqa);
+    for (int i = 0; !decided && finite && i < n_checked; ++i) finite = all_finite(*checked[i]);
   }
-  if (!finite) return verdict(0);  // 'N': the full path's rules
+  if (!finite) return verdict(0);  // 'N', or 'U' where undecided: the Python plan's rules
   if (p.hooked) {
     const auto& node = out.grad_fn();
     if (node) {
@@ -226,7 +238,8 @@ PyObject* keep(PyObject*, PyObject* const* a, Py_ssize_t n) {
   const char* layout = PyUnicode_AsUTF8AndSize(a[0], &len);
   if (!layout) return nullptr;
   std::string s(layout, (size_t)len);
-  if (s.empty() || s.back() != 'F' || !key_of(s, a[1], a[2], a[3], a[4], a[5], a[6], a[7]) ||
+  if (s.empty() || (s.back() != 'F' && s.back() != 'U') ||
+      !key_of(s, a[1], a[2], a[3], a[4], a[5], a[6], a[7]) ||
       (a[13] != Py_True && a[13] != Py_False) || (a[11] != Py_True && a[11] != Py_False) ||
       (a[12] != Py_None && !PyFloat_CheckExact(a[12])))
     Py_RETURN_FALSE;
