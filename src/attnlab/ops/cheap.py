@@ -98,8 +98,8 @@ def _serve_none(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask
 #: serve(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap, return_lse)
 #: -> the output of a call served whole in C (a plan that runs SDPA's kernel as it is, kept under
 #: the probe's verdict: csrc/serve.cpp), else the probe's string for `find` (no such plan, or an
-#: input not finite), else None (not probed). The kernel's entry once a plan was kept with the kernel loaded
-#: (`_entry`); before, nothing is served
+#: input not finite), else None (not probed). The kernel's entry once a plan was kept with the
+#: kernel loaded (`_entry`); before, nothing is served
 serve = _serve_none
 _C: list = []  # the loaded build's (serve, keep, clear), once installed
 
