@@ -427,3 +427,20 @@ def test_served_calls_under_vmap_and_a_torch_function_mode_take_the_python_path(
         return x
 
     torch.vmap(under_vmap)(q)
+
+
+@pytest.mark.slow
+def test_a_served_calls_backward_runs_under_compiled_autograd():
+    _probe()
+    ca = pytest.importorskip("torch._dynamo.compiled_autograd")
+    q, k, v = (x.requires_grad_() for x in _qkv(L=4, S=4))
+    attnlab.attention(q, k, v, is_causal=True)  # the plan
+    out = _served(q, k, v, is_causal=True)
+    assert type(out) is torch.Tensor  # SDPA's node with the C pre-hook
+    want = torch.autograd.grad(
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum(),
+        (q, k, v))
+    with ca._enable(torch.compile(backend="eager")):  # the hook's compiled_args
+        out.sum().backward()
+    for x, w in zip((q, k, v), want):
+        assert (x.grad - w).abs().max().item() < 1e-6

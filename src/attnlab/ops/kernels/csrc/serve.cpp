@@ -29,9 +29,11 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/csrc/utils/object_ptr.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -152,6 +154,13 @@ struct Twice : torch::autograd::FunctionPreHook {
     if (!got) throw python_error();
     TORCH_CHECK(got.get() == Py_None, "attnlab: the second-order pre-hook returns None");
     return grads;
+  }
+
+  // compiled autograd (torch._dynamo) calls `_twice` itself, as it does a Python pre-hook's
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    pybind11::gil_scoped_acquire gil;
+    Py_INCREF(st.twice);
+    args.add_pre_hook(c10::SafePyObject(st.twice, getPyInterpreter()));
   }
 };
 
