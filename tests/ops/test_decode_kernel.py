@@ -110,6 +110,18 @@ def test_decode_matrix(isa, B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi,
     run_case(isa, B, H, Hkv, L, S, D, Dv, dtype, kind, softcap, alibi, ragged, chunk, seed)
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("Dv", [32, 96, 160])
+def test_bf16_values_read_even_and_odd(isa, Dv):
+    """bfloat16 values whose head dim is whole pairs of vectors are read even/odd (one
+    instruction per vector) into a permuted partial, put back in order at the merge: Dv of one,
+    three and five 32-column blocks (a 4-vector tile and the 2-vector remainder), several chunks
+    merged, rows of 4 and 3 heads, a window."""
+    run_case(isa, 2, 8, 2, 3, 1031, 64, Dv, torch.bfloat16, "window", None, False, True, 256,
+             Dv)
+    run_case(isa, 1, 6, 2, 1, 300, 128, Dv, torch.bfloat16, "causal", 8.0, True, False, 0, Dv)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("B", "H", "Hkv", "L", "S", "D", "Dv", "dtype", "kind", "softcap",
                           "alibi", "ragged", "chunk", "seed"), sampled(3, 71, big=True))

@@ -127,6 +127,9 @@ struct Dec {
   float scale, softcap;
   int pos_off;
   bool amx;  // bfloat16 keys' scores from the AMX tile unit (amx_ok, ATTNLAB_DECODE_AMX != "0")
+  // bfloat16 values read even/odd (bf16eo): a partial O keeps each block of 2W columns as its W
+  // even columns, then its W odd ones (o_col), put back in order by finish_group
+  bool v_eo;
   int row_lo(int b, int h, int i) const { return lo ? lo[b * lo_sb + h * lo_sh + i] : 0; }
   int row_hi(int b, int h, int i) const { return hi ? hi[b * lo_sb + h * lo_sh + i] : S; }
   // a K (V) row read in place: float32 whose length is whole vectors
@@ -151,6 +154,32 @@ size_t scratch_floats(const Dec& d) {
 struct bf16 { uint16_t x; };
 struct f16 { uint16_t x; };
 struct bf16dp { uint16_t x; };  // bfloat16 keys whose products come from AVX-512 BF16 (vdpbf16ps)
+struct bf16eo { uint16_t x; };  // bfloat16 values read 2W at a time, split even / odd (vld_eo)
+
+// where a partial O keeps column e (Dec::v_eo)
+static inline int o_col(const Dec& d, int e) {
+  if (!d.v_eo) return e;
+  const int b = e / (2 * W) * (2 * W), j = e - b;
+  return b + (j & 1) * W + (j >> 1);
+}
+
+// 2W bfloat16 values at p as two vectors of floats, one instruction each and no shuffle: the
+// even-indexed values (e: each 32-bit lane's low half shifted up) and the odd-indexed ones (o:
+// the high half, the low half cleared); vld's widening takes two, one of them a shuffle
+static inline void vld_eo(const bf16eo* p, vf& e, vf& o) {
+#if defined(ATTNLAB_AVX512)
+  const __m512i x = _mm512_loadu_si512(p);
+  e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  o = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+#elif defined(ATTNLAB_AVX2)
+  const __m256i x = _mm256_loadu_si256((const __m256i*)p);
+  e = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  o = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
+#else
+  e = bf16_to_float(p[0].x);
+  o = bf16_to_float(p[1].x);
+#endif
+}
 
 // W elements at p as one vector of floats, converted in registers
 static inline vf vld(const float* p) { return vload(p); }
@@ -309,10 +338,12 @@ ATTNLAB_AMX_TARGET static void amx_config(int R) {
 
 ATTNLAB_AMX_TARGET static void amx_release() { _tile_release(); }
 
-// s[r·lds + t] = q_r·k_t for the 64 keys at kb (row stride ldk elements); qt: Q^T in DP / 32
-// chunks of (16, R, 2); cb: (64, R) floats of scratch
-ATTNLAB_AMX_TARGET static void amx_scores64(const uint16_t* kb, int64_t ldk, const uint16_t* qt,
-                                            int R, int DP, float* cb, float* s, int lds) {
+// The scores of 64 keys in two halves, so that a block's products run on the tile unit while
+// the vector units compute the block before it (chunk_item issues block j + 1 before block j's
+// softmax and P·V, and collects it at j + 1): amx_issue64 leaves q_r·k_t of the 64 keys at kb
+// (row stride ldk elements) in tiles 0-3; qt: Q^T in DP / 32 chunks of (16, R, 2)
+ATTNLAB_AMX_TARGET static void amx_issue64(const uint16_t* kb, int64_t ldk, const uint16_t* qt,
+                                           int R, int DP) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -329,6 +360,11 @@ ATTNLAB_AMX_TARGET static void amx_scores64(const uint16_t* kb, int64_t ldk, con
     _tile_loadd(5, kb + 48 * ldk + c, sk);
     _tile_dpbf16ps(3, 5, 6);
   }
+}
+
+// s[r·lds + t] = q_r·k_t from tiles 0-3 (amx_issue64); cb: (64, R) floats of scratch
+ATTNLAB_AMX_TARGET static void amx_collect64(int R, float* cb, float* s, int lds) {
+  const long sq = (long)R * 4;
   _tile_stored(0, cb, sq);
   _tile_stored(1, cb + 16 * R, sq);
   _tile_stored(2, cb + 32 * R, sq);
@@ -402,14 +438,12 @@ static ATTNLAB_INLINE void prefetch_span(const char* p, int64_t n) {
 // requests spread over the loop (a burst fills the core's miss buffers and stalls it; the
 // hardware's stream prefetch alone stops at each 4 KiB page and idles while the block computes)
 struct Ahead {
-  const char *k = nullptr, *v = nullptr;  // K and V rows of the first key requested
+  const char *k = nullptr, *v = nullptr;  // K and V rows of the first key requested of each
   int64_t ks = 0, vs = 0, kn = 0, vn = 0;  // row strides, row bytes
-  int n = 0;                               // keys requested at most
+  int nk = 0, nv = 0;                      // K and V rows requested at most
   ATTNLAB_INLINE void at(int t) const {
-    if (t < n) {
-      prefetch_span(k + t * ks, kn);
-      prefetch_span(v + t * vs, vn);
-    }
+    if (t < nk) prefetch_span(k + t * ks, kn);
+    if (t < nv) prefetch_span(v + t * vs, vn);
   }
 };
 
@@ -425,7 +459,10 @@ static inline void pv_tile(float* O, int64_t ldo, const float* alpha, const floa
   for (int t = 0; t < nt; ++t) {
     if (ah) ah->at(t);
     vf x[NV];
-    for (int u = 0; u < NV; ++u) x[u] = vld(V + t * ldv + u * W);
+    if constexpr (std::is_same<T, bf16eo>::value)  // vectors u, u + 1: one block's even, odd
+      for (int u = 0; u < NV; u += 2) vld_eo(V + t * ldv + u * W, x[u], x[u + 1]);
+    else
+      for (int u = 0; u < NV; ++u) x[u] = vld(V + t * ldv + u * W);
     for (int r = 0; r < NR; ++r) {
       const vf pt = vset(P[r * ldp + t]);
       for (int u = 0; u < NV; ++u) acc[r][u] = vfma(pt, x[u], acc[r][u]);
@@ -442,7 +479,12 @@ static inline void pv_cols(float* O, int64_t ldo, const float* alpha, const floa
   int c = 0;
   for (; c + NO * W <= n; c += NO * W, ah = nullptr)
     pv_tile<NR, NO>(O + c, ldo, alpha, P, ldp, V + c, ldv, nt, ah);
-  for (; c < n; c += W, ah = nullptr) pv_tile<NR, 1>(O + c, ldo, alpha, P, ldp, V + c, ldv, nt, ah);
+  if constexpr (std::is_same<T, bf16eo>::value)  // n a multiple of 2W: blocks of 2W
+    for (; c < n; c += 2 * W, ah = nullptr)
+      pv_tile<NR, 2>(O + c, ldo, alpha, P, ldp, V + c, ldv, nt, ah);
+  else
+    for (; c < n; c += W, ah = nullptr)
+      pv_tile<NR, 1>(O + c, ldo, alpha, P, ldp, V + c, ldv, nt, ah);
 }
 
 // every row at once: O (R, ldo) = O·alpha + P (R, ldp) @ V (nt, ldv) over n (a multiple of W)
@@ -528,17 +570,34 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   const bool kd = !std::is_same<TK, float>::value || d.k_direct();
   const bool vd = !std::is_same<TV, float>::value || d.v_direct();
   vf seen = vzero();  // Σ score·0 over the scores computed: NaN when one is not finite
-  prefetch_rows(d.k, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));  // the first block ahead
-  prefetch_rows(d.v, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));
-  for (int j0 = ja; j0 < jb; j0 += KB) {
-    if (done && done->load(std::memory_order_relaxed) >= 0) break;  // another thread's counts
-    const int nk = std::min(KB, jb - j0);
-    int ba = j0 + nk, bb = j0;  // the block's keys some row attends: [ba, bb)
+  // the keys of block [j0, j0 + nk) some row attends: [ba, bb) (empty: ba >= bb)
+  auto attended = [&](int j0, int nk, int& ba, int& bb) {
+    ba = j0 + nk, bb = j0;
     for (int r = 0; r < R; ++r)
       if (rlo[r] < rhi[r] && rlo[r] < j0 + nk && rhi[r] > j0) {
         ba = std::min(ba, std::max(rlo[r], j0));
         bb = std::max(bb, std::min(rhi[r], j0 + nk));
       }
+  };
+  // the tile unit scores block [j0, j0 + KB) for every row: a whole block some row attends
+  // throughout (its rows read in place, kd)
+  auto tiled = [&](int j0) {
+    if (!amx || j0 + KB > jb) return false;
+    int a, b;
+    attended(j0, KB, a, b);
+    return a == j0 && b == j0 + KB;
+  };
+  // the first blocks' K rows requested at once; the tile unit scores block j + 1 while block j
+  // is computed, so its K rows are requested two blocks ahead
+  const int k_ahead = amx ? 2 * PF_KEYS : PF_KEYS;
+  prefetch_rows(d.k, g.b, g.hk, ja, std::min(jb, ja + k_ahead));
+  prefetch_rows(d.v, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));
+  bool issued = false;  // tiles 0-3 hold the scores of block j0, issued during the block before
+  for (int j0 = ja; j0 < jb; j0 += KB) {
+    if (done && done->load(std::memory_order_relaxed) >= 0) break;  // another thread's counts
+    const int nk = std::min(KB, jb - j0);
+    int ba, bb;
+    attended(j0, nk, ba, bb);
     if (ba >= bb) continue;
     const TK* kb = reinterpret_cast<const TK*>(Kb);  // key j at kb + (j - j0)·ldk
     int64_t ldk = DP;
@@ -554,10 +613,15 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
     }
     int amx_end = ba;  // keys [ba, amx_end) scored for every row by the tile unit
 #if defined(ATTNLAB_AVX512)
-    if (amx && ba == j0 && bb == j0 + KB) {  // a whole block some row attends throughout
-      amx_scores64(reinterpret_cast<const uint16_t*>(kb), ldk, Qt, R, DP, Cb, Sb, KB);
+    if (issued || tiled(j0)) {
+      if (!issued) amx_issue64(reinterpret_cast<const uint16_t*>(kb), ldk, Qt, R, DP);
+      amx_collect64(R, Cb, Sb, KB);
       amx_end = bb;
     }
+    issued = tiled(j0 + KB);  // the next block's products, while this one is computed
+    if (issued)
+      amx_issue64(reinterpret_cast<const uint16_t*>(d.k.row(g.b, g.hk, j0 + KB)), d.k.ss, Qt, R,
+                  DP);
 #endif
     // every row that sees a key of the block: scores, then its online softmax step; P (R, KB)
     // holds each row's weights over the block's attended keys [ba, bb), 0 outside its own
@@ -634,16 +698,16 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
     }
     // O = O·a + P[ba..bb) @ V[ba..bb)   (R, n) @ (n, Dv): a row's zero weights outside its keys
     // add nothing (0·v = 0 for the finite values of a call that passed its check or was cleaned)
-    Ahead ah;  // the keys PF_KEYS ahead of the ones summed here
-    const int fa = ba + PF_KEYS;
-    if (fa < jb) {
-      ah.k = d.k.row(g.b, g.hk, fa), ah.v = d.v.row(g.b, g.hk, fa);
+    Ahead ah;  // the V rows PF_KEYS ahead of the ones summed here, the K rows k_ahead
+    const int fk = ba + k_ahead, fv = ba + PF_KEYS;
+    if (fv < jb) {
+      ah.k = d.k.row(g.b, g.hk, std::min(fk, jb - 1)), ah.v = d.v.row(g.b, g.hk, fv);
       ah.ks = d.k.ss * d.k.esize, ah.vs = d.v.ss * d.v.esize;
       ah.kn = (int64_t)d.k.n * d.k.esize, ah.vn = (int64_t)d.v.n * d.v.esize;
-      ah.n = jb - fa;
+      ah.nk = std::max(0, jb - fk), ah.nv = jb - fv;
     }
     pv_rows(O, DvP, alpha, Sb + (ba - j0), KB, vb + (ba - j0) * ldv, ldv, bb - ba, R, DvP,
-            ah.n > 0 ? &ah : nullptr);
+            ah.nv > 0 ? &ah : nullptr);
   }
   if (bad && (hsum(seen) != 0.0f || !finite_span(O, (int64_t)R * DvP)))
     bad->store(true, std::memory_order_relaxed);
@@ -659,6 +723,7 @@ using ItemFn = void (*)(const Dec&, const Group&, int, int, float*, float*, floa
 // when Dv is whole vectors; else converted into the scratch's padded float rows
 template <class TK>
 ItemFn item_for_v(const Dec& d) {
+  if (d.v_eo) return &chunk_item<TK, bf16eo>;
   if (d.Dv % W || d.v.dt == F32) return &chunk_item<TK, float>;
   return d.v.dt == BF16 ? &chunk_item<TK, bf16> : &chunk_item<TK, f16>;
 }
@@ -715,7 +780,10 @@ void finish_group(const Dec& d, const Group& g, const float* const* parts, float
         const float w = std::exp(mc - M);
         sum += lc * w;
         const float* oc = pc + (int64_t)r * DvP;
-        for (int e = 0; e < d.Dv; ++e) o[e] += w * oc[e];
+        if (d.v_eo)
+          for (int e = 0; e < d.Dv; ++e) o[e] += w * oc[o_col(d, e)];
+        else
+          for (int e = 0; e < d.Dv; ++e) o[e] += w * oc[e];
       }
     if (sum > 0.0f) {
       const float inv = 1.0f / sum;
@@ -874,6 +942,7 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
 #endif
   d.DP = (d.D + W - 1) / W * W;
   d.DvP = (d.Dv + W - 1) / W * W;
+  d.v_eo = W > 1 && d.v.dt == BF16 && d.Dv % (2 * W) == 0;  // (values read in place)
   d.q = q.data_ptr();
   d.G = d.H / d.Hkv;
   // heads per item: all G of a kv head while their rows fit RMAX; else the largest divisor of G
