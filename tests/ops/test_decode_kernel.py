@@ -147,8 +147,15 @@ def test_builds_agree_and_threads_do_not_change_the_result(dtype):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        outs.append(build.load(build.chosen_isa()).decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 0,
-                                                          False)[0])
+        ops = build.load(build.chosen_isa())
+        outs.append(ops.decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 0, False)[0])
+        # many items: whichever thread's partial of an item counts (a helper computes the items
+        # left unfinished too), the same bits as one thread's
+        one = ops.decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 64, False)[0]
+        for _ in range(20):
+            assert torch.equal(ops.decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 64, False)[0], one)
+        torch.set_num_threads(1)
+        assert torch.equal(ops.decode(q, k, v, lo, hi, None, 0.125, 0.0, 0, 64, False)[0], one)
     finally:
         torch.set_num_threads(before)
     for o in outs[1:]:

@@ -829,12 +829,21 @@ void run_one(Shared& s, int t, int64_t item, float* buf) {
   s.done_by[item].compare_exchange_strong(none, t, std::memory_order_acq_rel);
 }
 
-// thread t's share: the next item no thread has claimed, until none is left
+// thread t's share: the next item no thread has claimed, until none is left; then, for a
+// helper, the items claimed and not finished yet, last to first (the caller, which computes
+// them first to last after the queue, may be the thread the OS holds off the core on a busy
+// machine); a helper started after every item finished does nothing
 void pull(Shared& s, int t) {
-  if (t > 0 && s.next.load() >= s.n) return;  // a helper the OS started late: nothing left
-  std::vector<float> buf(s.scratch + 16);
-  s.result[t].assign(s.n * s.each, 0.0f);
-  for (int64_t i; (i = s.next.fetch_add(1)) < s.n;) run_one(s, t, i, buf.data());
+  std::vector<float> buf;
+  auto run = [&](int64_t i) {
+    if (buf.empty()) buf.resize(s.scratch + 16);  // once this thread has an item
+    if (s.result[t].empty()) s.result[t].assign(s.n * s.each, 0.0f);  // its partials
+    run_one(s, t, i, buf.data());
+  };
+  for (int64_t i; (i = s.next.fetch_add(1)) < s.n;) run(i);
+  if (t > 0)
+    for (int64_t i = s.n - 1; i >= 0; --i)
+      if (s.done_by[i].load(std::memory_order_acquire) < 0) run(i);
 }
 
 // Every item on the calling thread and its helpers, then the groups merged by the caller. The
@@ -846,6 +855,7 @@ void pull(Shared& s, int t) {
 void run_shared(const std::shared_ptr<Shared>& sp, int64_t T, float* out, float* lse) {
   Shared& s = *sp;
   s.result.resize(T);
+  s.result[0].assign(s.n * s.each, 0.0f);  // the caller's partials (it recomputes into them)
   for (int64_t t = 1; t < T; ++t) at::launch([sp, t] { pull(*sp, (int)t); });
   pull(s, 0);
   std::vector<float> buf(s.scratch + 16);
