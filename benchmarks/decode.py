@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/decode.py                       # the default grid below
     .venv/bin/python benchmarks/decode.py --S 8192 32768 --dtype bf16 --threads 1 2 --busy
+    .venv/bin/python benchmarks/decode.py --grow 300 --S 4096 --threads 1   # per-step glue
 
 A decoding step reads every key and value of the cache once, 2·S·Hkv·D·(element size) bytes,
 and does a few multiply-adds per byte: its limit is the machine's read bandwidth. Each row of the
@@ -24,6 +25,13 @@ its time / the row's (at least 1.0: the threads are no slower than one), measure
 moments, since a busy machine's load moves between rows. `--busy` adds rows with one competing
 process spinning on a core (one Python loop) during the timing: two threads must not be slower
 than one there.
+
+`--grow N` times instead a decoding loop of N steps on one thread, its cache a slice of a
+preallocated one that grows by a key each step (as a model's KV cache: every step a new cache
+length), each step twice in turn: `attnlab.attention` ("auto"), and the decode kernel's op alone
+on the same slice (a float32 query, the intervals made outside the timing). "glue" = the
+difference of their medians: what attnlab's Python costs a step around the kernel, measured as
+a loop runs it (the kernel's sweep of the cache leaves the CPU's caches cold for it).
 """
 
 from __future__ import annotations
@@ -141,6 +149,35 @@ def row(c: Case, m: dict) -> str:
             f"{m['attnlab'] * 1e3:.2f} | {t1} | {m['backend']} | {dk} |")
 
 
+def grow(c: Case, steps: int) -> dict:
+    """Median seconds per step of attnlab.attention and of the decode op alone, over `steps`
+    steps of a cache that grows by one key each step, the two in turn (order swapped every
+    step)."""
+    dt = DTYPES[c.dtype]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, c.H, 1, c.D, generator=g).to(dt)
+    kb, vb = (torch.randn(1, c.Hkv, c.S + steps, c.D, generator=g).to(dt) for _ in range(2))
+    ops = build.get(None)
+    qf, lo = q.float(), torch.zeros(1, 1, 1, dtype=torch.int32)  # as every build's op takes them
+    runs = {"attnlab": lambda k, v, hi: attnlab.attention(q, k, v, enable_gqa=True),
+            "op": lambda k, v, hi: ops.decode(qf, k, v, lo, hi, None, c.D ** -0.5, 0.0, 0, 0,
+                                              True)}
+    times: dict = {n: [] for n in runs}
+    for i in range(-1, steps):  # step -1: the first call plans, not timed
+        n_keys = c.S + max(i, 0)
+        k, v = kb[:, :, :n_keys], vb[:, :, :n_keys]
+        hi = torch.full((1, 1, 1), n_keys, dtype=torch.int32)
+        for n in (runs if i % 2 else reversed(list(runs))):
+            t = time.perf_counter()
+            runs[n](k, v, hi)
+            if i >= 0:
+                times[n].append(time.perf_counter() - t)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+GROW_HEADER = ["| H/Hkv | D | S (first step) | dtype | steps | attnlab µs/step | decode op µs/step "
+               "| glue µs/step | glue % of step |", "|---|---|---|---|---|---|---|---|---|"]
+
 HEADER = ["| threads | busy | H/Hkv | D | S | dtype | K+V MiB | read GB/s | read (queue) GB/s | "
           "attnlab GB/s | % of read | SDPA GB/s | × SDPA | attnlab ms | × 1 thread | backend | "
           "decode kernel % of read |",
@@ -158,10 +195,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--sdpa-max-S", type=int, default=65536,
                     help="time SDPA up to this cache length (it is slow beyond)")
+    ap.add_argument("--grow", type=int, default=0, metavar="N",
+                    help="time N decoding steps of a growing cache on one thread instead: "
+                         "attnlab against the decode op alone (the per-step glue)")
     a = ap.parse_args(argv)
     heads = [tuple(int(x) for x in h.split("/")) for h in a.heads]
     if any(len(h) != 2 or h[0] % h[1] for h in heads):
         ap.error("--heads takes H/Hkv pairs with H a multiple of Hkv, e.g. 32/8")
+    if a.grow:
+        return main_grow(a, heads)
     print(f"# decode: B = 1, L = 1, one step; median of {a.repeats} repeats, the steps timed in "
           f"turn, their order rotated every repeat; torch {torch.__version__}; load "
           f"{os.getloadavg()[0]:.2f}")
@@ -179,6 +221,30 @@ def main(argv=None) -> int:
                                     c = Case(H, Hkv, D, S, dt, t, busy)
                                     m = measure(c, a.repeats, a.sdpa_max_S >= S)
                                     print(row(c, m), flush=True)
+    finally:
+        torch.set_num_threads(n)
+    return 0
+
+
+def main_grow(a, heads) -> int:
+    if build.get(None) is None:
+        print("the compiled kernel is not available here: no decode op to compare")
+        return 1
+    print(f"# decode loop: B = 1, L = 1, {a.grow} steps, the cache one key longer each step, one "
+          f"thread; medians; torch {torch.__version__}; load {os.getloadavg()[0]:.2f}")
+    print("\n".join(GROW_HEADER))
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for (H, Hkv) in heads:
+            for D in a.D:
+                for dt in a.dtype:
+                    for S in a.S:
+                        m = grow(Case(H, Hkv, D, S, dt, 1, False), a.grow)
+                        glue = m["attnlab"] - m["op"]
+                        print(f"| {H}/{Hkv} | {D} | {S} | {dt} | {a.grow} | "
+                              f"{m['attnlab'] * 1e6:.0f} | {m['op'] * 1e6:.0f} | "
+                              f"{glue * 1e6:.0f} | {glue / m['attnlab']:.0%} |", flush=True)
     finally:
         torch.set_num_threads(n)
     return 0

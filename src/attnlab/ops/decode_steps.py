@@ -9,8 +9,9 @@ for a call "auto" gave the decode kernel, under the signature without the cache 
 type, shape, strides, dtype, device and requires_grad of the query; the same of key and value
 but their S and strides (the kernel reads any strides, a slice of a preallocated cache as
 well as a cache `torch.cat` grows); the scalar arguments, the grad mode and the mask *object*
-(held by the plan, so its identity stays its own, as in `cheap.py`). The kernel's switches
-(ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) are read by every step as on the full path.
+(held by the plan, so its identity stays its own, as in `cheap.py`) and the kernel's switches
+(ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA), under which the plan keeps the answers that depend on none
+of S: that the kernel is available, and for a call without a mask that it can run the call.
 
 A step with another S redoes exactly what depends on S, with the full path's own functions:
 key and value of one length (else the full path says what is wrong), the structured mask checked
@@ -29,7 +30,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.ops import dispatch
-from attnlab.ops.kernels import decode
+from attnlab.ops.kernels import decode, isa
 from attnlab.ops.problem import Dims, Problem
 from attnlab.ops.validate import _structured
 
@@ -41,6 +42,8 @@ MAX_PLANS = 64
 @dataclasses.dataclass
 class Step:
     template: Problem  # the validated Problem of one step, without its tensors
+    #: the answers of `applies.why_not` that hold at any S (Problem.memo entries)
+    memo: dict
     mask: object  # held so that its identity, part of the signature, stays its own
 
 
@@ -60,7 +63,7 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     sig = (query.shape, query.stride(), query.dtype, query.device, query.requires_grad,
            ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
            value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
-           enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled())
+           enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(), *isa.switches())
     try:
         step = _PLANS.get(sig)
     except TypeError:  # unhashable (a list as scale): the full path says what is wrong
@@ -93,7 +96,8 @@ def _problem(step: Step, query, key, value, is_causal) -> Problem | None:
             structured = _structured(step.mask, is_causal, dims)
         except AttnlabError:
             return None
-    return Problem(query, key, value, dims, t.scale, t.dropout_p, structured, None, t.softcap)
+    return Problem(query, key, value, dims, t.scale, t.dropout_p, structured, None, t.softcap,
+                   memo=dict(step.memo))
 
 
 def keep(sig, p: Problem, mask) -> None:
@@ -105,7 +109,10 @@ def keep(sig, p: Problem, mask) -> None:
         return
     template = dataclasses.replace(p, query=None, key=None, value=None, finite=False,
                                    memo={})
-    _PLANS[sig] = Step(template, mask)
+    # S-free: the kernel available; without a mask, why_not's checks (a mask's need intervals
+    # at S); both under the switches of the signature
+    keys = [("kernels.available", None)] + [("kernels.why_not", "decode")] * (p.structured is None)
+    _PLANS[sig] = Step(template, {k: p.memo[k] for k in keys if k in p.memo}, mask)
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
 

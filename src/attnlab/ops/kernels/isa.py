@@ -42,6 +42,12 @@ def _env(name: str) -> str:
     return "" if value is None else os.fsdecode(value)
 
 
+def switches() -> tuple[str, str]:
+    """(ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) as set ("" when not): what a plan kept for later
+    calls must have seen (`ops/decode_steps.py`)."""
+    return _env("ATTNLAB_KERNEL"), _env("ATTNLAB_KERNEL_ISA")
+
+
 def enabled() -> bool:
     return (_env("ATTNLAB_KERNEL") or "1").strip().lower() not in ("0", "off", "false", "no")
 
