@@ -444,3 +444,39 @@ def test_a_served_calls_backward_runs_under_compiled_autograd():
         out.sum().backward()
     for x, w in zip((q, k, v), want):
         assert (x.grad - w).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_probe_checks_16_bit_inputs_and_their_plans_are_served_in_c(dtype):
+    op = _probe()
+    q, k, v = (x.to(dtype) for x in _qkv(L=3, S=5))
+    assert op(q, k, v, cheap.PRE_MAX).endswith("F")
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        x = v.clone()
+        x[0, 1, 4, 7] = bad
+        assert op(q, k, x, cheap.PRE_MAX).endswith("N") and op(q, k, x, -cheap.PRE_MAX)[-1] == "F"
+        rows = torch.zeros(1, 5, 2, 8, dtype=dtype).transpose(1, 2)  # unit-stride rows, strided
+        rows[0, 1, 4, 7] = bad  # the last row
+        assert op(q, k, rows, cheap.PRE_MAX).endswith("N")
+    big = torch.full((1, 1, 1, 8), 65504.0 if dtype == torch.float16 else 3e38, dtype=dtype)
+    assert op(big, k, v, -cheap.PRE_MAX).endswith("F")  # the largest finite values are finite
+    q, k, v = (x.to(dtype) for x in _qkv(L=4, S=4))
+    for causal in (False, True):
+        first = attnlab.attention(q, k, v, is_causal=causal)  # the plan
+        got = _served(q, k, v, is_causal=causal)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert type(got) is torch.Tensor and torch.equal(got, want) and torch.equal(first, want)
+    poisoned = k.clone()
+    poisoned[0, 0, 3, 0] = float("nan")  # the key of the last row: only that row poisoned
+    assert _served(q, poisoned, v, is_causal=True)[-1] == "N"
+    got = attnlab.attention(q, poisoned, v, is_causal=True)
+    assert torch.isnan(got[0, 0, 3]).all() and not torch.isnan(got[0, 0, :3]).any()
+    q, k, v = (x.to(dtype) for x in _qkv(L=40, S=40, H=16, D=64))  # over PRE_MAX: 'U'
+    attnlab.attention(q, k, v)  # the plan, its query checked after SDPA's kernel
+    got = _served(q, k, v)
+    assert type(got) is torch.Tensor
+    assert torch.equal(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    q[0, 3, 7, 1] = float("inf")
+    assert _served(q, k, v).endswith("U")
+    got = attnlab.attention(q, k, v)
+    assert torch.isnan(got[0, 3, 7]).all() and torch.isnan(got).sum() == 64

@@ -13,7 +13,8 @@ full path every time (their tensors' contents would be part of the signature).
 
 Where the compiled kernel is loaded, the tensors' part of the signature comes from its `probe`
 op, which in the same call checks the inputs for NaN/Inf (the query, and with any mask the keys
-and values too: what `run_sdpa`'s rule checks) while each holds at most PRE_MAX floats; its
+and values too: what `run_sdpa`'s rule checks) while each is float32, bfloat16 or float16 and
+holds at most PRE_MAX values; its
 verdict ('F' finite, 'N' not, 'U' not decided) is part of the signature. A plan kept under 'F'
 that runs SDPA's kernel as it is runs it with no other check; one under 'N' takes
 `dispatch.run`, which cleans and poisons by the rules; one under 'U' runs `run_sdpa`, which
@@ -24,10 +25,10 @@ Where the kernel is loaded, a plan under the probe's verdict that runs SDPA as i
 in the kernel's C table (csrc/serve.cpp), and `attention` asks it first (`serve`): one C call
 that probes, finds the plan (the probe's string and the scalars it serves: is_causal,
 enable_gqa, scale, dropout_p 0, no softcap, no lse, the mask object and the kernel's switches),
-checks the inputs (under 'U', float32 and contiguous ones only, after the kernel, as `run_sdpa`)
-and runs SDPA's ATen op, giving a gradient's SDPA node the second-order pre-hook in C (it enters
-Python only for a backward that builds a graph). Any other call, and one whose inputs are not
-finite, gets the probe's string back, which `find` takes as it is.
+checks the inputs (under 'U', contiguous float32/bfloat16/float16 ones only, after the kernel,
+as `run_sdpa`) and runs SDPA's ATen op, giving a gradient's SDPA node the second-order pre-hook
+in C (it enters Python only for a backward that builds a graph). Any other call, and one whose
+inputs are not finite, gets the probe's string back, which `find` takes as it is.
 
 The first call of a signature takes the full path, which raises exactly what it always raised;
 only a call that validated is kept. At most MAX_PLANS signatures are kept, the oldest dropped.

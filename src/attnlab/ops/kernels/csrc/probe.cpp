@@ -24,23 +24,45 @@ bool plain(const at::Tensor& x) {
          !x.key_set().has_any(wrapped);
 }
 
-// the probe reads x itself: float32 on the CPU, at most `most` floats, rows (the last dim) of
-// unit stride
+// the probe reads x itself: float32, bfloat16 or float16 on the CPU, at most `most` values, rows
+// (the last dim) of unit stride
 bool checkable(const at::Tensor& x, int64_t most) {
-  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.numel() <= most &&
-         (x.dim() == 0 || x.size(-1) <= 1 || x.stride(-1) == 1);
+  const auto t = x.scalar_type();
+  return (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && x.device().is_cpu() &&
+         x.numel() <= most && (x.dim() == 0 || x.size(-1) <= 1 || x.stride(-1) == 1);
+}
+
+// no NaN/Inf among n 16-bit floats whose exponent bits are `ones` (all set: Inf or NaN): the
+// largest magnitude's bits below `ones` (a max over 16-bit lanes, which the compiler vectorizes;
+// an OR of per-value tests took twice as long: 3.4 against 1.6 µs for 192 KB)
+bool finite_bits(const uint16_t* p, int64_t n, uint16_t ones) {
+  uint16_t most = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t m = p[i] & 0x7FFF;
+    most = m > most ? m : most;
+  }
+  return most < ones;
+}
+
+// no NaN/Inf in the n values of x's dtype (float32, bfloat16, float16) at p
+bool finite_values(const at::Tensor& x, const void* p, int64_t n) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return finite_span((const float*)p, n);  // (a 32-bit max as below: slower)
+    case at::kBFloat16: return finite_bits((const uint16_t*)p, n, 0x7F80);
+    default: return finite_bits((const uint16_t*)p, n, 0x7C00);  // float16
+  }
 }
 
 // no NaN/Inf in x (checkable), its rows read in place for any strides of the leading dims
 bool finite(const at::Tensor& x) {
-  const float* p = x.data_ptr<float>();
-  if (x.is_contiguous()) return finite_span(p, x.numel());
-  const int64_t nd = x.dim(), n = x.size(-1);
+  const char* p = (const char*)x.data_ptr();
+  if (x.is_contiguous()) return finite_values(x, p, x.numel());
+  const int64_t nd = x.dim(), n = x.size(-1), size = x.element_size();
   std::vector<int64_t> at(nd - 1, 0);  // index of the row over the leading dims, innermost last
   for (int64_t rows = x.numel() / n; rows > 0; --rows) {
     int64_t off = 0;
     for (int64_t i = 0; i + 1 < nd; ++i) off += at[i] * x.stride(i);
-    if (!finite_span(p + off, n)) return false;
+    if (!finite_values(x, p + off * size, n)) return false;
     for (int64_t i = nd - 2; i >= 0 && ++at[i] == x.size(i); --i) at[i] = 0;  // next row
   }
   return true;
@@ -96,11 +118,15 @@ bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 }
 
 bool all_finite(const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "all_finite: float32, contiguous");
-  const float* p = x.data_ptr<float>();
+  const auto t = x.scalar_type();
+  TORCH_CHECK((t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && x.is_contiguous() &&
+                  x.device().is_cpu(),
+              "all_finite: float32, bfloat16 or float16, contiguous, on the CPU");
+  const char* p = (const char*)x.data_ptr();
+  const int64_t size = x.element_size();
   std::atomic<bool> bad{false};
   run_ranges(x.numel(), GLUE_CHUNK, stream_ns(1), [&](int64_t b, int64_t e) {
-    if (!finite_span(p + b, e - b)) bad.store(true);
+    if (!finite_values(x, p + b * size, e - b)) bad.store(true);
   });
   return !bad.load();
 }

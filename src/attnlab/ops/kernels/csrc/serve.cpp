@@ -16,10 +16,10 @@
 //        hooked, causal, run_scale, gqa) -> bool: keep a plan (False: scalars it does not serve)
 //   clear() -> None
 // A plan is served under the probe's finite verdict 'F' (the inputs checked before the kernel),
-// or under 'U' where each input checked is float32 and contiguous (too large for the probe:
-// checked after the kernel, on the work queue, as `run_sdpa` does; one not finite: the probe's
-// string, and the Python plan runs the call again by its rules), for the exact scalars it was kept
-// with (is_causal and enable_gqa bools, scale None or a float, dropout_p 0, no softcap, no lse),
+// or under 'U' where each input checked is float32, bfloat16 or float16 and contiguous (too
+// large for the probe: checked after the kernel, on the work queue, as `run_sdpa` does; one not
+// finite: the probe's string, and the Python plan runs the call again by its rules), for the
+// exact scalars it was kept with (is_causal and enable_gqa bools, scale None or a float, dropout_p 0, no softcap, no lse),
 // the same mask object (held: its address is part of the key) and the same values of the kernel's
 // switches (ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) as when it was kept.
 #include <torch/csrc/python_headers.h>
@@ -198,8 +198,9 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
   const int n_checked = check < 0 ? 1 : 3;
   if (!decided)  // checked after the kernel by `all_finite`, as the Python plan's `run_sdpa` does
     for (int i = 0; i < n_checked; ++i)
-      if (checked[i]->scalar_type() != at::kFloat || !checked[i]->is_contiguous() ||
-          !checked[i]->device().is_cpu())
+      if ((checked[i]->scalar_type() != at::kFloat && checked[i]->scalar_type() != at::kBFloat16 &&
+           checked[i]->scalar_type() != at::kHalf) ||
+          !checked[i]->is_contiguous() || !checked[i]->device().is_cpu())
         return verdict(-1);  // (its other checks: the Python plan's)
   const int k_same = same(it->second.kernel, st.kernel_key);
   const int i_same = k_same == 1 ? same(it->second.isa, st.isa_key) : k_same;
