@@ -18,7 +18,8 @@ key and value of one length (else the full path says what is wrong), the structu
 and simplified for (L, S) (`validate._structured`; an error: the full path raises it) and the
 choice (`decode.takes`, which is "auto"'s answer for a call of this signature: at least MIN_KEYS
 keys, and the bytes of a plain one-head-per-kv-head cache); a step it does not give the decode
-kernel takes the full path. The step then runs through `dispatch.run`, NaN/Inf rules and all.
+kernel takes the full path. The step then runs as `dispatch.run` runs the decode backend
+(its `checked`: the kernel checks what it reads; NaN/Inf cleaned and poisoned by the rules).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from collections import OrderedDict
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.ops import dispatch
-from attnlab.ops.kernels import decode, isa
+from attnlab.ops.backends import REGISTRY
+from attnlab.ops.kernels import build, decode, isa
 from attnlab.ops.problem import Dims, Problem
 from attnlab.ops.validate import _structured
 
@@ -74,7 +75,9 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     p = _problem(step, query, key, value, is_causal)
     if p is None or not decode.takes(p, return_lse):
         return sig, None
-    out, lse = dispatch.run("decode", p, need_lse=return_lse)
+    # dispatch.run("decode", p) but for what a kept plan's call cannot be: sinks, an empty input,
+    # a device; its NaN/Inf rules are the decode backend's own (`decode.checked`)
+    out, lse = REGISTRY["decode"].checked(p, return_lse)
     return sig, ((out, lse) if return_lse else out)
 
 
@@ -112,7 +115,11 @@ def keep(sig, p: Problem, mask) -> None:
     # S-free: the kernel available; without a mask, why_not's checks (a mask's need intervals
     # at S); both under the switches of the signature
     keys = [("kernels.available", None)] + [("kernels.why_not", "decode")] * (p.structured is None)
-    _PLANS[sig] = Step(template, {k: p.memo[k] for k in keys if k in p.memo}, mask)
+    memo = {k: p.memo[k] for k in keys if k in p.memo}
+    ops = build.get()  # the build these switches choose
+    if ops is not None:
+        memo[decode.OPS] = ops
+    _PLANS[sig] = Step(template, memo, mask)
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
 

@@ -111,10 +111,6 @@ def _cache(x: torch.Tensor, d) -> torch.Tensor:
     return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
-def _grad(*xs: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
-
-
 def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     """(out (..., H, L, Dv) in the input dtype, lse (..., H, L) float32).
 
@@ -122,42 +118,42 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     it read holds NaN/Inf."""
     from attnlab.ops.kernels import kernel
 
-    d = p.dims
-    if _grad(p.query, p.key, p.value):  # training: the interval kernel's Function
-        return runner.forward(p, need_lse, verify=verify)
-    q = runner._batched(p.query, d)  # (B, H, L, D)
-    k, v = _cache(p.key, d), _cache(p.value, d)  # (B, Hkv, S, D|Dv)
-    report = [] if verify else None
-    out, lse = _fwd(kernel._ops(None), _args(p), q, k, v, report)
-    if verify and not report[0]:
+    d, q, k, v = p.dims, p.query, p.key, p.value
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return runner.forward(p, need_lse, verify=verify)  # training: the interval kernel's
+    q = runner._batched(q, d)  # (B, H, L, D)
+    k, v = _cache(k, d), _cache(v, d)  # (B, Hkv, S, D|Dv)
+    ops = p.memo.get(OPS) or kernel._ops(None)
+    lo, hi, slopes = _args(p)
+    out, lse, finite = ops.decode(q.contiguous(), k, v, lo, hi, slopes, p.scale,
+                                  float(p.softcap or 0.0), 0, 0, verify)
+    if verify and not finite:
         return None
+    if d.ndim == 4:
+        return out, lse  # (B, H, L, Dv), (B, H, L): the call's own shapes
     rows = (*d.batch, d.H, d.L) if d.ndim > 2 else (d.L,)
     return runner._shaped(out, (*rows, d.Dv)), runner._shaped(lse, rows)
 
 
+#: Problem.memo's entry for the kernel's ops where a caller knows them (`ops/decode_steps.py`:
+#: a step plan, under the kernel's switches); else `kernel._ops` looks the build up
+OPS = ("kernels.decode_ops", None)
+
+
 def _args(p: Problem) -> tuple:
-    """The kernel's (lo, hi (B|1, Hm, L) int32, slopes (B|1, H) float32 or None, scale, softcap)
-    of a validated call, batch dims flattened into B (`runner._call`'s, without its Call); lo and
-    hi None for a call without a mask (every row attends the whole cache: no tensors made)."""
+    """The kernel's lo, hi (B|1, Hm, L) int32 and slopes (B|1, H) float32 of a validated call,
+    batch dims flattened into B (`runner._call`'s, without its Call); lo and hi None for a call
+    without a mask (every row attends the whole cache: no tensors made), slopes None without
+    ALiBi."""
+    if p.structured is None and p.alibi_slopes is None:
+        return None, None, None
     d = p.dims
     B = math.prod(d.batch)
     lo = hi = None
     if p.structured is not None:
         lo, hi = (runner._rows(x, d.batch, B) for x in runner.intervals_of(p))  # (B|1, Hm, L)
     slopes = None if p.alibi_slopes is None else gate.slopes(p.alibi_slopes, B, d.H)
-    return (lo, hi, slopes, p.scale, float(p.softcap or 0.0))
-
-
-def _fwd(ops, args: tuple, q, k, v, report=None):
-    """(out (B, H, L, Dv) in q's dtype, lse float32 (B, H, L)) from q (B, H, L, D) contiguous or
-    not, in any of the kernel's dtypes, and `_args`; report gets whether what the kernel read was
-    finite (None: nothing checked)."""
-    lo, hi, slopes, scale, softcap = args
-    out, lse, finite = ops.decode(q.contiguous(), k, v, lo, hi, slopes, scale, softcap, 0, 0,
-                                  report is not None)
-    if report is not None:
-        report.append(finite)
-    return out, lse
+    return lo, hi, slopes
 
 
 def checked(p: Problem, need_lse: bool):
