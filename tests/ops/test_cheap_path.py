@@ -216,6 +216,10 @@ def test_the_probe_states_the_layout_and_whether_the_checked_inputs_are_finite()
     rows[0, 1, 5, 0] = float("inf")  # the last row: every row read where it lies
     assert probe(rows, k, v, 1).endswith("N")
     assert probe(rows.transpose(-1, -2), k, v, 1).endswith("U")  # rows not of unit stride
+    view = torch.randn(1, 3, 2, 8).transpose(1, 2)  # a projection's (B, L, H, D) as (B, H, L, D)
+    assert probe(view, k, v, 1).endswith("F")
+    view[0, 1, 2, 7] = float("nan")  # the last value in memory
+    assert probe(view, k, v, 1).endswith("N")
     assert probe(q.double(), k, v, 1).endswith("U")
     assert probe(q, k, v, 1, most=q.numel() - 1).endswith("U")  # more floats than it may read
     assert probe(q.to_sparse(), k, v, 1) == ""  # no plain layout: no plan

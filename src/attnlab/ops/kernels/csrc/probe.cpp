@@ -56,7 +56,9 @@ bool finite_values(const at::Tensor& x, const void* p, int64_t n) {
 // no NaN/Inf in x (checkable), its rows read in place for any strides of the leading dims
 bool finite(const at::Tensor& x) {
   const char* p = (const char*)x.data_ptr();
-  if (x.is_contiguous()) return finite_values(x, p, x.numel());
+  // a permutation of a contiguous block (a projection's (B, L, H, D) viewed as (B, H, L, D)):
+  // its numel values lie in one span from its first, read in memory order
+  if (x.is_non_overlapping_and_dense()) return finite_values(x, p, x.numel());
   const int64_t nd = x.dim(), n = x.size(-1), size = x.element_size();
   std::vector<int64_t> at(nd - 1, 0);  // index of the row over the leading dims, innermost last
   for (int64_t rows = x.numel() / n; rows > 0; --rows) {
