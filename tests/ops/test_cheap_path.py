@@ -134,14 +134,17 @@ def test_a_plan_with_a_gradient_runs_the_lean_flash_function_with_sdpas_gradient
         assert (a - b).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_plan_with_a_gradient_differentiates_twice(causal):
-    q, k, v = (x.double().requires_grad_() for x in _qkv(L=3, S=3, H=1, D=4))
-    attnlab.attention(q, k, v, is_causal=causal)  # the plan
+def test_a_plan_with_a_gradient_differentiates_twice(causal, gqa):
+    q, k, v = (x.double().requires_grad_() for x in _qkv(L=3, S=3, H=2, D=4))
+    if gqa:  # both query heads on one key/value head
+        k, v = (x.detach()[:, :1].clone().requires_grad_() for x in (k, v))
+    attnlab.attention(q, k, v, is_causal=causal, enable_gqa=gqa)  # the plan
 
     def fn(backend):
         def f(a, b, c):
-            return attnlab.attention(a, b, c, is_causal=causal, backend=backend)
+            return attnlab.attention(a, b, c, is_causal=causal, backend=backend, enable_gqa=gqa)
         return f
 
     assert torch.autograd.gradcheck(fn("auto"), (q, k, v))
@@ -164,16 +167,20 @@ def test_nonfinite_inputs_on_a_plan_with_a_gradient_follow_the_rules(causal, whe
         assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
 
 
+@pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_sdpas_own_node_gives_second_order_gradients_through_its_hook(causal):
+def test_sdpas_own_node_gives_second_order_gradients_through_its_hook(causal, gqa):
     from attnlab.ops import sdpa
 
-    q, k, v = (x.requires_grad_() for x in _qkv(L=4, S=4))
-    g = torch.randn(1, 2, 4, 8)
-    attnlab.attention(q, k, v, is_causal=causal)  # the plan
-    out = attnlab.attention(q, k, v, is_causal=causal)
+    q, k, v = (x.requires_grad_() for x in _qkv(L=4, S=4, H=4))
+    if gqa:  # two query heads per key/value head
+        k, v = (x.detach()[:, :2].clone().requires_grad_() for x in (k, v))
+    g = torch.randn(1, 4, 4, 8)
+    kw = {"is_causal": causal, "enable_gqa": gqa}
+    attnlab.attention(q, k, v, **kw)  # the plan
+    out = attnlab.attention(q, k, v, **kw)
     assert type(out.grad_fn).__name__ == sdpa._NODE  # SDPA's node, no Function around it
-    ref = attnlab.attention(q, k, v, is_causal=causal, backend="math")
+    ref = attnlab.attention(q, k, v, backend="math", **kw)
     for _ in range(2):  # a kept graph differentiated twice: the hook's grads each time
         got = torch.autograd.grad(out, (q, k, v), g, create_graph=True, retain_graph=True)
         want = torch.autograd.grad(ref, (q, k, v), g, create_graph=True, retain_graph=True)

@@ -230,8 +230,8 @@ def _as_called(plan: Plan) -> tuple:
     second-order pre-hook, is_causal, scale or None where it is SDPA's own default bit for bit
     (passing it costs SDPA's argument parser 0.2 µs), enable_gqa)."""
     run, causal, scale, gqa = plan.sdpa
-    if run is not _sdpa_plain:
-        return True, causal, scale, False  # sdpa.flash: equal heads, the scale passed
+    if run is not _sdpa_plain:  # sdpa.flash: the scale passed, grouped heads by their shapes
+        return True, causal, scale, plan.template.dims.groups > 1
     D = plan.template.dims.D
     if D > 0 and scale == 1.0 / math.sqrt(D):
         scale = None

@@ -101,13 +101,13 @@ def choose(p: Problem, need_lse: bool) -> Choice:
 
 def _records_grad(p: Problem) -> bool:
     """Autograd records this call: then the interval kernel's Function costs less than the
-    "sdpa" backend's `sdpa._FlashLse` (grouped heads, a broadcast batch), though not than its
-    lean `sdpa._Flash` (`_lean_grad`)."""
+    "sdpa" backend's `sdpa._FlashLse` (a broadcast batch), though not than SDPA's own node
+    (`sdpa.flash`, grouped heads included: `_lean_grad`)."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in (p.query, p.key, p.value))
 
 
 def _lean_grad(p: Problem) -> bool:
-    """Backend "sdpa" runs this causal call with a gradient through `sdpa._Flash`."""
+    """Backend "sdpa" runs this causal call with a gradient on SDPA's own node (`sdpa.flash`)."""
     from attnlab.ops import sdpa
 
     return sdpa.lean_applies(p.query, p.key, p.value, True, p.scale)

@@ -120,10 +120,12 @@ class _FlashLse(torch.autograd.Function):
 
 
 def lean_applies(q, k, v, is_causal: bool, scale: float) -> bool:
-    """`_Flash` computes this call (no mask tensor, no lse): 4-D inputs of one batch and one
-    head count (no broadcast batch, no grouped heads) and a scale the kernel applies as it is
+    """`flash` computes this call (no mask tensor, no lse): 4-D inputs of one batch (no
+    broadcast batch), the query's heads those of the keys and values or a multiple of them
+    (grouped heads: SDPA's enable_gqa), and a scale the kernel applies as it is
     (`fused_cpu.fold_scale`: not <= 0 with causal)."""
-    return (q.dim() == k.dim() == v.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+    return (q.dim() == k.dim() == v.dim() == 4 and q.shape[0] == k.shape[0] == v.shape[0]
+            and k.shape[1] == v.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
             and (scale > 0 or not is_causal))
 
 
@@ -170,19 +172,25 @@ _NODE = "ScaledDotProductFlashAttentionForCpuBackward0"
 
 
 def flash(q, k, v, is_causal: bool, scale: float):
-    """out of a call `_Flash` takes (q, k, v as it takes them), with SDPA's own autograd node:
-    F.scaled_dot_product_attention as it is, its node given a pre-hook (`_twice`) that, only
-    for a backward asked to build a graph, hands the node's gradients over to the math path's
+    """out of a call `lean_applies` takes (q, k, v laid out as `_Flash` takes them; grouped heads
+    where k and v have fewer), with SDPA's own autograd node: F.scaled_dot_product_attention as
+    it is (enable_gqa for grouped heads), its node given a pre-hook (`_twice`) that, only for a
+    backward asked to build a graph, hands the node's gradients over to the math path's
     recomputation; a first-order backward is SDPA's alone (no Python Function around it). Where
     this PyTorch runs SDPA on another node, `_Flash` (outside functorch's transforms through
-    autograd's C apply, without `Function.apply`'s Python wrapping)."""
-    out = F.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale)
+    autograd's C apply, without `Function.apply`'s Python wrapping), on keys and values
+    repeated to the query's heads (autograd sums their gradients back)."""
+    groups = q.shape[1] // k.shape[1]
+    out = F.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale,
+                                         enable_gqa=groups > 1)
     node = out.grad_fn
     if node is None:
         return out
     if type(node).__name__ == _NODE:
         node.register_prehook(_twice)
         return out
+    if groups > 1:  # (B, Hkv, S, D) -> (B, H, S, D)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if _TRANSFORMS():
         return _Flash.apply(q, k, v, is_causal, scale)
     return _APPLY(q, k, v, is_causal, scale)
@@ -212,7 +220,12 @@ def _twice(grad_outputs):
 
 def _math(mask, is_causal: bool, scale: float, q, k, v):
     """`_FlashLse`'s (out, lse) with differentiable PyTorch ops: q (B, H, L, D), k, v (B, H, S,
-    D|Dv), mask float broadcastable to (B, H, L, S) or None."""
+    D|Dv) or (B, Hkv, S, D|Dv) for grouped heads (SDPA's own node, `flash`: repeated here, so
+    their gradients come back summed over each group), mask float broadcastable to (B, H, L,
+    S) or None."""
+    if k.shape[-3] != q.shape[-3]:
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
     acc = scores.accum_dtype(q.dtype)
     s = scores.product(q.to(acc), k.to(acc), scale)  # (B, H, L, D) @ (B, H, D, S) -> (.., L, S)
     allowed = None
