@@ -491,3 +491,20 @@ def test_the_probe_checks_16_bit_inputs_and_their_plans_are_served_in_c(dtype):
     assert _served(q, k, v).endswith("U")
     got = attnlab.attention(q, k, v)
     assert torch.isnan(got[0, 3, 7]).all() and torch.isnan(got).sum() == 64
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_3d_call_without_a_gradient_is_served_as_sdpa_takes_it(causal):
+    _probe()
+    q, k, v = (x[0] for x in _qkv(L=4, S=4))  # (H, L, D)
+    attnlab.attention(q, k, v, is_causal=causal)  # the plan
+    got = _served(q, k, v, is_causal=causal)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert type(got) is torch.Tensor and torch.equal(got, want)
+    k[1, 2, 0] = float("nan")
+    got = attnlab.attention(q, k, v, is_causal=causal)
+    cheap.clear()
+    rules = attnlab.attention(q, k, v, is_causal=causal)  # the full path
+    assert torch.equal(torch.isnan(got), torch.isnan(rules))
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(rules))
+    assert not torch.isnan(got[0]).any()  # the other head stays clean

@@ -174,9 +174,10 @@ def _sdpa_as_is(p: Problem, backend: str, need_lse: bool) -> tuple | None:
     but the NaN/Inf checks (`sdpa.forward`): (run, is_causal, scale, enable_gqa), else None."""
     from attnlab.ops import fused_cpu, sdpa
 
-    if backend != "sdpa" or need_lse or p.has_modifiers or p.dropout_p or p.dims.ndim != 4 or \
-            p.attn_mask is not None or p.sinks is not None or p.query.device.type != "cpu" or \
-            p.dims.L == 0 or p.dims.S == 0 or p.query.numel() == 0 or not p.scale > 0:
+    if backend != "sdpa" or need_lse or p.has_modifiers or p.dropout_p or \
+            p.dims.ndim not in (3, 4) or p.attn_mask is not None or p.sinks is not None or \
+            p.query.device.type != "cpu" or p.dims.L == 0 or p.dims.S == 0 or \
+            p.query.numel() == 0 or not p.scale > 0:  # (H, L, D) too: SDPA takes it as it is
         return None
     if p.structured is not None and not p.is_plain_causal:
         return None
