@@ -508,3 +508,36 @@ def test_a_3d_call_without_a_gradient_is_served_as_sdpa_takes_it(causal):
     assert torch.equal(torch.isnan(got), torch.isnan(rules))
     assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(rules))
     assert not torch.isnan(got[0]).any()  # the other head stays clean
+
+
+def test_the_c_entry_reads_the_switches_from_os_environ_where_there_is_no_dict(monkeypatch):
+    """Where os.environ has no `_data` dict (Windows), the switches are read from os.environ
+    itself, a new value object each read: compared by value, never held past the call."""
+    import ctypes
+    import os
+
+    from attnlab.ops import sdpa
+    from attnlab.ops.kernels import build
+
+    _probe()
+    q, k, v = _qkv()
+    attnlab.attention(q, k, v)  # installs the entry
+    fn = build.c_entry("attnlab_cheap_entry")
+    fn.restype, fn.argtypes = ctypes.py_object, [ctypes.py_object] * 4 + [ctypes.c_longlong] * 2
+
+    def install(env, kernel, isa):
+        fn(sdpa._twice, env, kernel, isa, cheap.PRE_MAX, cheap.MAX_PLANS)
+
+    monkeypatch.setenv("ATTNLAB_KERNEL", "1")
+    try:
+        install(os.environ, "ATTNLAB_KERNEL", "ATTNLAB_KERNEL_ISA")
+        cheap.clear()
+        layout = _served(q, k, v)
+        assert cheap._C[0][1](layout, 0.0, False, None, False, None, None, False, "1", None,
+                              False, False, None, False)
+        for _ in range(3):
+            assert type(_served(q, k, v)) is torch.Tensor
+        monkeypatch.setenv("ATTNLAB_KERNEL", "on")  # another value: not served
+        assert type(_served(q, k, v)) is str
+    finally:
+        install(cheap._ENV, cheap._KERNEL, cheap._ISA)

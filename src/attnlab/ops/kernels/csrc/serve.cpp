@@ -108,32 +108,31 @@ bool key_of(std::string& s, PyObject* dropout_p, PyObject* is_causal, PyObject* 
   return true;
 }
 
-// the switch's value now (borrowed; nullptr: unset), or an error set
+// the switch's value now (a new reference; nullptr: unset), or an error set
 PyObject* env_value(PyObject* name, bool* failed) {
   *failed = false;
-  if (PyDict_CheckExact(st.env)) {
+  if (PyDict_CheckExact(st.env)) {  // os.environ's own dict (POSIX)
     PyObject* v = PyDict_GetItemWithError(st.env, name);
     *failed = v == nullptr && PyErr_Occurred();
+    Py_XINCREF(v);
     return v;
   }
-  PyObject* v = PyObject_GetItem(st.env, name);  // a mapping: a new reference
+  PyObject* v = PyObject_GetItem(st.env, name);  // os.environ itself: a new object each time
   if (v == nullptr) {
     if (PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
     else *failed = true;
-    return nullptr;
   }
-  Py_DECREF(v);  // os.environ holds its values
   return v;
 }
 
 // 1 the value is the one kept, 0 not, -1 an error set
 int same(PyObject* kept, PyObject* name) {
   bool failed;
-  PyObject* now = env_value(name, &failed);
+  THPObjectPtr now(env_value(name, &failed));
   if (failed) return -1;
-  if (now == kept) return 1;
-  if (now == nullptr || kept == nullptr) return 0;
-  return PyObject_RichCompareBool(now, kept, Py_EQ);
+  if (now.get() == kept) return 1;
+  if (!now || kept == nullptr) return 0;
+  return PyObject_RichCompareBool(now.get(), kept, Py_EQ);
 }
 
 // The second order of SDPA's flash node (ops/sdpa.py's `flash`): in a backward asked to build a
