@@ -40,13 +40,12 @@ import ctypes
 import dataclasses
 import functools
 import math
-import os
 from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 
-from attnlab.ops.kernels import build
+from attnlab.ops.kernels import build, isa
 from attnlab.ops.problem import Problem
 
 #: signatures kept (a model has a few per layer shape; a generation loop one per cache length)
@@ -77,12 +76,8 @@ class Plan:
 
 
 _PLANS: OrderedDict = OrderedDict()
-# the kernel's switches are part of the signature (a plan names its backend), read from the
-# process environment's own dict where there is one (os.environ.get encodes the name each time)
-_ENV = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_KERNEL, _ISA = (b"ATTNLAB_KERNEL", b"ATTNLAB_KERNEL_ISA") if _ENV is not None else \
-    ("ATTNLAB_KERNEL", "ATTNLAB_KERNEL_ISA")
-_ENV = os.environ if _ENV is None else _ENV
+# the kernel's switches are part of the signature (a plan names its backend), read as stored
+_ENV, _KERNEL, _ISA = isa.ENV, isa.KERNEL_KEY, isa.ISA_KEY
 
 
 _TENSOR = torch.Tensor
@@ -163,8 +158,7 @@ def signature(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, 
                 query.requires_grad, type(key), key.shape, key.stride(), key.dtype, key.device,
                 key.requires_grad, type(value), value.shape, value.stride(), value.dtype,
                 value.device, value.requires_grad, dropout_p, is_causal, scale, enable_gqa,
-                id(mask), softcap, return_lse, torch.is_grad_enabled(), _ENV.get(_KERNEL),
-                _ENV.get(_ISA))
+                id(mask), softcap, return_lse, torch.is_grad_enabled(), *isa.switches())
     except (AttributeError, TypeError):
         return None
 

@@ -62,9 +62,7 @@ def _flash_for_grad(p: Problem) -> bool:
 def _flash_cpu(p: Problem, mask, is_causal):
     """(out, lse) from the CPU flash kernel: 4-D inputs, equal heads, a float mask."""
     q, key, value = p.query, p.key, p.value
-    if p.dims.groups > 1:
-        key = key.repeat_interleave(p.dims.groups, dim=-3)  # (..., Hkv, S, D) -> (..., H, S, D)
-        value = value.repeat_interleave(p.dims.groups, dim=-3)
+    key, value = _to_heads(q, key, value)  # (..., Hkv, S, D) -> (..., H, S, D)
     q4, k4, v4 = (_as4(x, q.shape) for x in (q, key, value))  # (B, H, L|S, D)
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
@@ -189,8 +187,7 @@ def flash(q, k, v, is_causal: bool, scale: float):
     if type(node).__name__ == _NODE:
         node.register_prehook(_twice)
         return out
-    if groups > 1:  # (B, Hkv, S, D) -> (B, H, S, D)
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    k, v = _to_heads(q, k, v)  # (B, Hkv, S, D) -> (B, H, S, D)
     if _TRANSFORMS():
         return _Flash.apply(q, k, v, is_causal, scale)
     return _APPLY(q, k, v, is_causal, scale)
@@ -218,14 +215,21 @@ def _twice(grad_outputs):
     return None
 
 
+def _to_heads(q, k, v):
+    """k, v (..., Hkv, S, n) of grouped heads repeated to the query's H (autograd sums their
+    gradients back over each group); as they are where Hkv = H."""
+    groups = q.shape[-3] // k.shape[-3]
+    if groups == 1:
+        return k, v
+    return k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+
+
 def _math(mask, is_causal: bool, scale: float, q, k, v):
     """`_FlashLse`'s (out, lse) with differentiable PyTorch ops: q (B, H, L, D), k, v (B, H, S,
     D|Dv) or (B, Hkv, S, D|Dv) for grouped heads (SDPA's own node, `flash`: repeated here, so
     their gradients come back summed over each group), mask float broadcastable to (B, H, L,
     S) or None."""
-    if k.shape[-3] != q.shape[-3]:
-        groups = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    k, v = _to_heads(q, k, v)
     acc = scores.accum_dtype(q.dtype)
     s = scores.product(q.to(acc), k.to(acc), scale)  # (B, H, L, D) @ (B, H, D, S) -> (.., L, S)
     allowed = None

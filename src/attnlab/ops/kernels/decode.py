@@ -26,11 +26,9 @@ poisoned, even without a mask) and the rows that may attend them set to NaN.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from attnlab.ops.kernels import applies, gate, runner
+from attnlab.ops.kernels import applies, runner
 from attnlab.ops.problem import Problem
 
 #: query rows of a decode-shaped call at most (csrc/decode.cpp packs a head group's rows)
@@ -141,19 +139,13 @@ OPS = ("kernels.decode_ops", None)
 
 
 def _args(p: Problem) -> tuple:
-    """The kernel's lo, hi (B|1, Hm, L) int32 and slopes (B|1, H) float32 of a validated call,
-    batch dims flattened into B (`runner._call`'s, without its Call); lo and hi None for a call
-    without a mask (every row attends the whole cache: no tensors made), slopes None without
-    ALiBi."""
+    """The kernel's lo, hi (B|1, Hm, L) int32 and slopes (B|1, H) float32 of a validated call
+    (`runner._call`'s), or three None for a call with neither a mask nor ALiBi: every row attends
+    the whole cache, and no tensors are made."""
     if p.structured is None and p.alibi_slopes is None:
         return None, None, None
-    d = p.dims
-    B = math.prod(d.batch)
-    lo = hi = None
-    if p.structured is not None:
-        lo, hi = (runner._rows(x, d.batch, B) for x in runner.intervals_of(p))  # (B|1, Hm, L)
-    slopes = None if p.alibi_slopes is None else gate.slopes(p.alibi_slopes, B, d.H)
-    return lo, hi, slopes
+    c = runner._call(p, p.dims.Dv)
+    return c.lo, c.hi, c.slopes
 
 
 def checked(p: Problem, need_lse: bool):

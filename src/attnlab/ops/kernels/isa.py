@@ -28,10 +28,15 @@ class KernelUnavailable(AttnlabError, RuntimeError):
     the kernel turned off); callers fall back to the PyTorch path."""
 
 
-#: the process environment's own dict (bytes -> bytes) where there is one: every kernel call asks
-#: the switches below (a decode step several times), and os.environ.get encodes the name and
-#: decodes the value each time (os.environ's writes, monkeypatch's included, update this dict)
+#: the process environment's own dict (bytes -> bytes) where there is one (POSIX), else os.environ
+#: itself, and the kernel's switches' names as its keys: every kernel call asks the switches (a
+#: decode step several times, the cheap paths' signatures every call), and os.environ.get encodes
+#: the name and decodes the value each time (os.environ's writes, monkeypatch's included, update
+#: this dict)
 _RAW = getattr(os.environ, "_data", None) if os.name == "posix" else None
+ENV = os.environ if _RAW is None else _RAW
+KERNEL_KEY, ISA_KEY = (b"ATTNLAB_KERNEL", b"ATTNLAB_KERNEL_ISA") if _RAW is not None else \
+    ("ATTNLAB_KERNEL", "ATTNLAB_KERNEL_ISA")
 
 
 def _env(name: str) -> str:
@@ -42,10 +47,10 @@ def _env(name: str) -> str:
     return "" if value is None else os.fsdecode(value)
 
 
-def switches() -> tuple[str, str]:
-    """(ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) as set ("" when not): what a plan kept for later
-    calls must have seen (`ops/decode_steps.py`)."""
-    return _env("ATTNLAB_KERNEL"), _env("ATTNLAB_KERNEL_ISA")
+def switches() -> tuple:
+    """(ATTNLAB_KERNEL, ATTNLAB_KERNEL_ISA) as stored in ENV (None when not set): what a plan
+    kept for later calls must have seen (`ops/cheap.py`, `ops/decode_steps.py`)."""
+    return ENV.get(KERNEL_KEY), ENV.get(ISA_KEY)
 
 
 def enabled() -> bool:
