@@ -62,7 +62,7 @@ def _flash_for_grad(p: Problem) -> bool:
 def _flash_cpu(p: Problem, mask, is_causal):
     """(out, lse) from the CPU flash kernel: 4-D inputs, equal heads, a float mask."""
     q, key, value = p.query, p.key, p.value
-    key, value = _to_heads(q, key, value)  # (..., Hkv, S, D) -> (..., H, S, D)
+    key, value = _to_heads(key, value, p.dims.groups)  # (..., Hkv, S, D) -> (..., H, S, D)
     q4, k4, v4 = (_as4(x, q.shape) for x in (q, key, value))  # (B, H, L|S, D)
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
@@ -187,7 +187,7 @@ def flash(q, k, v, is_causal: bool, scale: float):
     if type(node).__name__ == _NODE:
         node.register_prehook(_twice)
         return out
-    k, v = _to_heads(q, k, v)  # (B, Hkv, S, D) -> (B, H, S, D)
+    k, v = _to_heads(k, v, groups)  # (B, Hkv, S, D) -> (B, H, S, D)
     if _TRANSFORMS():
         return _Flash.apply(q, k, v, is_causal, scale)
     return _APPLY(q, k, v, is_causal, scale)
@@ -215,10 +215,9 @@ def _twice(grad_outputs):
     return None
 
 
-def _to_heads(q, k, v):
-    """k, v (..., Hkv, S, n) of grouped heads repeated to the query's H (autograd sums their
-    gradients back over each group); as they are where Hkv = H."""
-    groups = q.shape[-3] // k.shape[-3]
+def _to_heads(k, v, groups: int):
+    """k, v (..., Hkv, S, n) of grouped heads repeated `groups` times each, to the query's H =
+    groups * Hkv (autograd sums their gradients back over each group); as they are for 1."""
     if groups == 1:
         return k, v
     return k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
@@ -229,7 +228,7 @@ def _math(mask, is_causal: bool, scale: float, q, k, v):
     D|Dv) or (B, Hkv, S, D|Dv) for grouped heads (SDPA's own node, `flash`: repeated here, so
     their gradients come back summed over each group), mask float broadcastable to (B, H, L,
     S) or None."""
-    k, v = _to_heads(q, k, v)
+    k, v = _to_heads(k, v, q.shape[-3] // k.shape[-3])  # (B, Hkv, S, n) -> (B, H, S, n)
     acc = scores.accum_dtype(q.dtype)
     s = scores.product(q.to(acc), k.to(acc), scale)  # (B, H, L, D) @ (B, H, D, S) -> (.., L, S)
     allowed = None
