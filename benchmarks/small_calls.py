@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/small_calls.py                 # L = 16, 64, 128, 256; 1, 2 threads
     .venv/bin/python benchmarks/small_calls.py --L 32 1024 --threads 1 --repeats 100
     .venv/bin/python benchmarks/small_calls.py --L 1 16 64 --masks causal none --clock cpu
+    .venv/bin/python benchmarks/small_calls.py --L 1 16 64 --layouts hld ld proj gqa gqa-proj
 
 At small L the arithmetic takes microseconds and what a call costs besides it decides: attnlab's
 checks, its choice of backend, the autograd Function, the NaN/Inf checks, the kernel's glue. The
@@ -15,6 +16,7 @@ faster) and difference (+µs = attnlab - SDPA). `--masks none` adds calls withou
 `--clock cpu` times the calling thread's CPU time instead of the wall clock: on a machine
 shared with other jobs the wall clock of a few-µs call is mostly other processes' time slices
 (meaningful for one thread: a helper thread's time is not the caller's).
+`--layouts` times the layouts models make besides (B, H, L, D) (`LAYOUTS`), one table each.
 """
 
 from __future__ import annotations
@@ -38,20 +40,54 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 
-def steps(L: int, H: int, D: int, causal: bool = True) -> dict:
-    q, k, v = (torch.randn(1, H, L, D) for _ in range(3))
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+#: the inputs' layouts: name -> (what it is, make(L, H, D, grad) -> (q, k, v, enable_gqa)); a
+#: projection's (B, L, H, D) output viewed as (B, H, L, D) is made as one (B, L, 3·H·D) block
+#: sliced, as a fused qkv Linear gives it; grouped-query calls have H / 4 key/value heads
+LAYOUTS = {
+    "bhld": ("(1, H, L, D) contiguous", lambda L, H, D, g: (*_plain((1, H, L, D), g), False)),
+    "hld": ("(H, L, D), no batch dim", lambda L, H, D, g: (*_plain((H, L, D), g), False)),
+    "ld": ("(L, D), no head dim", lambda L, H, D, g: (*_plain((L, D), g), False)),
+    "proj": ("(1, L, H, D) views of one qkv projection, as (1, H, L, D)",
+             lambda L, H, D, g: (*_projected(L, H, H, D, g), False)),
+    "gqa": ("(1, H, L, D) against (1, H / 4, L, D), enable_gqa",
+            lambda L, H, D, g: (*_plain((1, H, L, D), g, (1, max(H // 4, 1), L, D)), True)),
+    "gqa-proj": ("grouped-query heads from one qkv projection's views, enable_gqa",
+                 lambda L, H, D, g: (*_projected(L, H, max(H // 4, 1), D, g), True)),
+}
+
+
+def _plain(shape, grad: bool, kv_shape=None):
+    kv_shape = kv_shape or shape
+    q = torch.randn(shape)
+    k, v = torch.randn(kv_shape), torch.randn(kv_shape)
+    return tuple(x.requires_grad_(grad) for x in (q, k, v))
+
+
+def _projected(L: int, H: int, Hkv: int, D: int, grad: bool):
+    """q (1, H, L, D), k, v (1, Hkv, L, D): views of one (1, L, (H + 2·Hkv)·D) projection."""
+    qkv = torch.randn(1, L, (H + 2 * Hkv) * D).requires_grad_(grad)  # a leaf: its grad is kept
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    return (q.unflatten(-1, (H, D)).transpose(1, 2), k.unflatten(-1, (Hkv, D)).transpose(1, 2),
+            v.unflatten(-1, (Hkv, D)).transpose(1, 2))
+
+
+def steps(L: int, H: int, D: int, causal: bool = True, layout: str = "bhld") -> dict:
+    make = LAYOUTS[layout][1]
+    q, k, v, gqa = make(L, H, D, False)
+    qg, kg, vg, _ = make(L, H, D, True)
+    leaves = {x if x.is_leaf else x._base for x in (qg, kg, vg)}  # a view's grad goes to its base
+    kw = {"is_causal": causal, "enable_gqa": True} if gqa else {"is_causal": causal}
 
     def fb(fn):
         def run():
-            fn(qg, kg, vg, is_causal=causal).sum().backward()
-            for x in (qg, kg, vg):
+            fn(qg, kg, vg, **kw).sum().backward()
+            for x in leaves:
                 x.grad = None
         return run
 
     return {
-        "attnlab fwd": lambda: attnlab.attention(q, k, v, is_causal=causal),
-        "sdpa fwd": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "attnlab fwd": lambda: attnlab.attention(q, k, v, **kw),
+        "sdpa fwd": lambda: F.scaled_dot_product_attention(q, k, v, **kw),
         "attnlab fwd+bwd": fb(attnlab.attention),
         "sdpa fwd+bwd": fb(F.scaled_dot_product_attention),
     }
@@ -79,7 +115,7 @@ def medians(steps: dict, repeats: int, clock) -> dict:
 
 
 def table(lengths, threads, H: int, D: int, repeats: int, masks=("causal",),
-          clock=time.perf_counter) -> list[str]:
+          clock=time.perf_counter, layout: str = "bhld") -> list[str]:
     rows = ["| threads | mask | L | fwd attnlab µs | fwd SDPA µs | × | +µs | fwd+bwd attnlab µs "
             "| fwd+bwd SDPA µs | × | +µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     n = torch.get_num_threads()
@@ -88,7 +124,7 @@ def table(lengths, threads, H: int, D: int, repeats: int, masks=("causal",),
             torch.set_num_threads(t)
             for mask in masks:
                 for L in lengths:
-                    m = medians(steps(L, H, D, mask == "causal"), repeats, clock)
+                    m = medians(steps(L, H, D, mask == "causal", layout), repeats, clock)
                     a, s = m["attnlab fwd"] * 1e6, m["sdpa fwd"] * 1e6
                     ab, sb = m["attnlab fwd+bwd"] * 1e6, m["sdpa fwd+bwd"] * 1e6
                     rows.append(f"| {t} | {mask} | {L} | {a:.1f} | {s:.1f} | {s / a:.2f} | "
@@ -108,13 +144,18 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--masks", nargs="+", choices=("causal", "none"), default=["causal"])
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=["bhld"])
     a = ap.parse_args(argv)
     if min(a.L + a.threads + [a.heads, a.dim, a.repeats]) < 1:
         ap.error("--L, --threads, --heads, --dim and --repeats take positive numbers")
     print(f"# small calls: fp32, B = 1, H = {a.heads}, D = {a.dim}, S = L; median of "
           f"{a.repeats} bursts of {BURST} calls, {a.clock} clock; torch {torch.__version__}; "
           f"load {_load()} before")
-    print("\n".join(table(a.L, a.threads, a.heads, a.dim, a.repeats, a.masks, CLOCKS[a.clock])))
+    for layout in a.layouts:
+        if a.layouts != ["bhld"]:
+            print(f"# layout {layout}: {LAYOUTS[layout][0]}")
+        print("\n".join(table(a.L, a.threads, a.heads, a.dim, a.repeats, a.masks,
+                               CLOCKS[a.clock], layout)))
     print(f"# load {_load()} after")
     return 0
 

@@ -169,9 +169,9 @@ def _sdpa_as_is(p: Problem, backend: str, need_lse: bool) -> tuple | None:
     from attnlab.ops import fused_cpu, sdpa
 
     if backend != "sdpa" or need_lse or p.has_modifiers or p.dropout_p or \
-            p.dims.ndim not in (3, 4) or p.attn_mask is not None or p.sinks is not None or \
+            p.dims.ndim not in (2, 3, 4) or p.attn_mask is not None or p.sinks is not None or \
             p.query.device.type != "cpu" or p.dims.L == 0 or p.dims.S == 0 or \
-            p.query.numel() == 0 or not p.scale > 0:  # (H, L, D) too: SDPA takes it as it is
+            p.query.numel() == 0 or not p.scale > 0:  # (L, D), (H, L, D) too: SDPA takes them
         return None
     if p.structured is not None and not p.is_plain_causal:
         return None

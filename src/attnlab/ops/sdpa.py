@@ -118,13 +118,16 @@ class _FlashLse(torch.autograd.Function):
 
 
 def lean_applies(q, k, v, is_causal: bool, scale: float) -> bool:
-    """`flash` computes this call (no mask tensor, no lse): 4-D inputs of one batch (no
-    broadcast batch), the query's heads those of the keys and values or a multiple of them
-    (grouped heads: SDPA's enable_gqa), and a scale the kernel applies as it is
-    (`fused_cpu.fold_scale`: not <= 0 with causal)."""
-    return (q.dim() == k.dim() == v.dim() == 4 and q.shape[0] == k.shape[0] == v.shape[0]
-            and k.shape[1] == v.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
-            and (scale > 0 or not is_causal))
+    """`flash` computes this call (no mask tensor, no lse): inputs of one dimensionality, 2-D (L,
+    D) (one head), 3-D (H, L, D) or 4-D of one batch (no broadcast batch), the query's heads
+    those of the keys and values or a multiple of them (grouped heads: SDPA's enable_gqa), and a
+    scale the kernel applies as it is (`fused_cpu.fold_scale`: not <= 0 with causal)."""
+    nd = q.dim()
+    if not (k.dim() == v.dim() == nd and 2 <= nd <= 4 and (scale > 0 or not is_causal)):
+        return False
+    if nd == 4 and not q.shape[0] == k.shape[0] == v.shape[0]:
+        return False
+    return nd == 2 or (k.shape[-3] == v.shape[-3] > 0 and q.shape[-3] % k.shape[-3] == 0)
 
 
 _FWD = getattr(getattr(torch.ops.aten, fused_cpu.FWD, None), "default", None)
@@ -177,7 +180,19 @@ def flash(q, k, v, is_causal: bool, scale: float):
     recomputation; a first-order backward is SDPA's alone (no Python Function around it). Where
     this PyTorch runs SDPA on another node, `_Flash` (outside functorch's transforms through
     autograd's C apply, without `Function.apply`'s Python wrapping), on keys and values
-    repeated to the query's heads (autograd sums their gradients back)."""
+    repeated to the query's heads (autograd sums their gradients back). 2-D and 3-D inputs run
+    as views with leading dims of 1 (SDPA's flash kernel takes 4-D ones: on fewer dims it runs
+    its math path), the output viewed back (a view node over the flash node)."""
+    nd = q.dim()
+    if nd < 4:
+        shape = (*q.shape[:-1], v.shape[-1])  # (.., L, Dv)
+        q, k, v = (x.view((1,) * (4 - nd) + tuple(x.shape)) for x in (q, k, v))  # (1, .., n)
+        return _flash4(q, k, v, is_causal, scale).view(shape)  # (1, H|1, L, Dv) -> (.., L, Dv)
+    return _flash4(q, k, v, is_causal, scale)
+
+
+def _flash4(q, k, v, is_causal: bool, scale: float):
+    """`flash` of 4-D q (B, H, L, D), k, v (B, Hkv, S, D|Dv)."""
     groups = q.shape[1] // k.shape[1]
     out = F.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale,
                                          enable_gqa=groups > 1)

@@ -5,7 +5,9 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DispatchKeySet.h>
 
+#include <algorithm>
 #include <atomic>
+#include <utility>
 #include <vector>
 
 #include "queue.h"
@@ -53,21 +55,42 @@ bool finite_values(const at::Tensor& x, const void* p, int64_t n) {
   }
 }
 
-// no NaN/Inf in x (checkable), its rows read in place for any strides of the leading dims
+// no NaN/Inf in x (checkable), read in place in spans of memory order for any strides
 bool finite(const at::Tensor& x) {
   const char* p = (const char*)x.data_ptr();
   // a permutation of a contiguous block (a projection's (B, L, H, D) viewed as (B, H, L, D)):
   // its numel values lie in one span from its first, read in memory order
   if (x.is_non_overlapping_and_dense()) return finite_values(x, p, x.numel());
-  const int64_t nd = x.dim(), n = x.size(-1), size = x.element_size();
-  std::vector<int64_t> at(nd - 1, 0);  // index of the row over the leading dims, innermost last
-  for (int64_t rows = x.numel() / n; rows > 0; --rows) {
-    int64_t off = 0;
-    for (int64_t i = 0; i + 1 < nd; ++i) off += at[i] * x.stride(i);
-    if (!finite_values(x, p + off * size, n)) return false;
-    for (int64_t i = nd - 2; i >= 0 && ++at[i] == x.size(i); --i) at[i] = 0;  // next row
+  if (x.numel() == 0) return true;
+  // its dims in memory order (stride, size), those of size 1 and broadcast ones (stride 0: their
+  // values read once) left out, each merged into the one below where together they are one
+  // span: q of one qkv projection's (B, L, 3·H·D) block viewed as (B, H, L, D) is L spans of H·D
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (x.size(i) > 1 && x.stride(i) != 0) dims.emplace_back(x.stride(i), x.size(i));
+  std::sort(dims.begin(), dims.end());
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& d : dims) {
+    if (!spans.empty() && spans.back().first * spans.back().second == d.first)
+      spans.back().second *= d.second;  // the inner dim's stride, both sizes
+    else
+      spans.push_back(d);
   }
-  return true;
+  int64_t n = 1;  // values a span (unit stride)
+  if (!spans.empty() && spans.front().first == 1) {
+    n = spans.front().second;
+    spans.erase(spans.begin());
+  }
+  const int64_t nd = (int64_t)spans.size(), size = x.element_size();
+  std::vector<int64_t> at(nd, 0);  // index over the outer dims, innermost first
+  for (;;) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < nd; ++i) off += at[i] * spans[i].first;
+    if (!finite_values(x, p + off * size, n)) return false;
+    int64_t i = 0;
+    for (; i < nd && ++at[i] == spans[i].second; ++i) at[i] = 0;  // the next span
+    if (i == nd) return true;  // past the last
+  }
 }
 
 // v (>= -1) appended as ASCII, six bits a char low first: 64 + bits while more follow, then

@@ -43,6 +43,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "probe.h"
 
@@ -209,18 +210,33 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
   // (s, the key, is kept as it is until the call returns)
   bool finite;
   at::Tensor out;
+  c10::intrusive_ptr<torch::autograd::Node> node;  // SDPA's node (out's own, or under its view)
   {
     pybind11::gil_scoped_release no_gil;  // as PyTorch's own binding of SDPA
     // inputs the probe decides are checked before the kernel (after it, when its reads have left
     // them in cache, measured no faster), larger ones after it, one by one on the work queue
     finite = !decided || all_finite3(q, k, v, check);
-    if (finite)
+    if (finite && p.hooked && q.dim() < 4) {  // (L, D), (H, L, D): as views (1, .., n) on the
+      // flash node, the output viewed back (ops/sdpa.py's `flash`; fewer dims: SDPA's math path)
+      auto lift = [](const at::Tensor& x) {
+        std::vector<int64_t> sizes(4 - x.dim(), 1);
+        sizes.insert(sizes.end(), x.sizes().begin(), x.sizes().end());
+        return x.view(sizes);
+      };
+      std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+      shape.back() = v.size(-1);  // (.., L, Dv)
+      out = at::scaled_dot_product_attention(lift(q), lift(k), lift(v), std::nullopt, 0.0,
+                                             p.causal, p.scale, p.gqa);
+      node = out.grad_fn();
+      out = out.view(shape);
+    } else if (finite) {
       out = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, p.causal, p.scale, p.gqa);
+      node = out.grad_fn();
+    }
     for (int i = 0; !decided && finite && i < n_checked; ++i) finite = all_finite(*checked[i]);
   }
   if (!finite) return verdict(0);  // 'N', or 'U' where undecided: the Python plan's rules
   if (p.hooked) {
-    const auto& node = out.grad_fn();
     if (node) {
       if (node->name() != kFlashNode) {  // another node: the Python plan's own fallback
         auto gone = st.plans.find(s);
