@@ -541,3 +541,36 @@ def test_the_c_entry_reads_the_switches_from_os_environ_where_there_is_no_dict(m
         assert type(_served(q, k, v)) is str
     finally:
         install(cheap._ENV, cheap._KERNEL, cheap._ISA)
+
+
+def test_a_c_plan_dropped_for_another_node_leaves_the_eviction_order_too():
+    """A hooked C plan is dropped where SDPA gives another node (here: its math kernel forced);
+    a plan kept later under the same key is then the newest, not evicted before older ones."""
+    import ctypes
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attnlab.ops import sdpa
+    from attnlab.ops.kernels import build
+
+    _probe()
+    a = [x.requires_grad_() for x in _qkv(L=3, S=3)]
+    b, c = _qkv(L=5, S=5), _qkv(L=6, S=6)
+    attnlab.attention(*a, is_causal=True)  # installs the entry
+    fn = build.c_entry("attnlab_cheap_entry")
+    fn.restype, fn.argtypes = ctypes.py_object, [ctypes.py_object] * 4 + [ctypes.c_longlong] * 2
+    try:
+        fn(sdpa._twice, cheap._ENV, cheap._KERNEL, cheap._ISA, cheap.PRE_MAX, 2)  # 2 plans
+        cheap.clear()
+        attnlab.attention(*a, is_causal=True)  # A, hooked
+        with sdpa_kernel(SDPBackend.MATH):  # another node: A's C plan dropped
+            assert type(_served(*a, is_causal=True)) is str
+        attnlab.attention(*b)  # B
+        cheap._PLANS.pop(next(k for k, p in cheap._PLANS.items() if p.sdpa[0] is sdpa.flash))
+        attnlab.attention(*a, is_causal=True)  # A kept again (its Python plan was gone)
+        assert type(_served(*a, is_causal=True)) is torch.Tensor
+        attnlab.attention(*c)  # C: one plan too many, B the oldest
+        assert type(_served(*a, is_causal=True)) is torch.Tensor
+        assert type(_served(*c)) is torch.Tensor and type(_served(*b)) is str
+    finally:
+        fn(sdpa._twice, cheap._ENV, cheap._KERNEL, cheap._ISA, cheap.PRE_MAX, cheap.MAX_PLANS)

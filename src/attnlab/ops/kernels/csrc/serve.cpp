@@ -37,6 +37,7 @@
 #include <torch/csrc/utils/object_ptr.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -242,7 +243,11 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
         auto gone = st.plans.find(s);
         if (gone != st.plans.end()) {
           drop(gone->second);
-          st.plans.erase(gone);  // (its key stays in `order`: erasing it there again is a no-op)
+          st.plans.erase(gone);
+          // its key leaves `order` too: kept there, a plan kept later under it would be dropped
+          // when this stale key came first, before older plans
+          auto at = std::find(st.order.begin(), st.order.end(), s);
+          if (at != st.order.end()) st.order.erase(at);
         }
         return verdict(1);
       }
