@@ -418,10 +418,13 @@ static inline void dot_keys(const float* q, const T* kb, int64_t ldk, int n, flo
 constexpr int PF_KEYS = KB;
 
 // one cache line requested into L1. An asm statement: GCC 12 drops a loop of
-// __builtin_prefetch here (the prefetches then never reach the code)
+// __builtin_prefetch here (the prefetches then never reach the code). The address is a register
+// operand: as a memory operand ("m"(*p)) the asm reads memory that might be the P·V
+// accumulators, so GCC kept them in memory and stored all 16 of them after every key (a bfloat16
+// step in L2 13-19% slower)
 static ATTNLAB_INLINE void pf(const char* p) {
 #if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht0 %0" : : "m"(*p));
+  asm volatile("prefetcht0 (%0)" : : "r"(p));
 #else
   __builtin_prefetch(p, 0, 3);
 #endif
@@ -436,16 +439,56 @@ static ATTNLAB_INLINE void prefetch_span(const char* p, int64_t n) {
 
 // The rows requested while a block is computed, one key's K and V rows per key summed, so the
 // requests spread over the loop (a burst fills the core's miss buffers and stalls it; the
-// hardware's stream prefetch alone stops at each 4 KiB page and idles while the block computes)
+// hardware's stream prefetch alone stops at each 4 KiB page and idles while the block computes).
+// A key costs a few instructions: the lines of a row are counted once per block, the row
+// pointers advance by their stride (counting the lines a row spans at each key took 30 scalar
+// instructions a key, as many as the 16 multiply-adds of 4 rows' P·V at D = 64)
 struct Ahead {
   const char *k = nullptr, *v = nullptr;  // K and V rows of the first key requested of each
-  int64_t ks = 0, vs = 0, kn = 0, vn = 0;  // row strides, row bytes
-  int nk = 0, nv = 0;                      // K and V rows requested at most
-  ATTNLAB_INLINE void at(int t) const {
-    if (t < nk) prefetch_span(k + t * ks, kn);
-    if (t < nv) prefetch_span(v + t * vs, vn);
+  int64_t ks = 0, vs = 0;                 // row strides in bytes
+  int kl = 0, vl = 0;                     // lines requested a row, at 64·i
+  int nk = 0, nv = 0;                     // K and V rows requested at most
+  // lines at p + 64·i that cover a row of n bytes at p, every row at p + t·stride: one per 64
+  // bytes, and one more when the rows do not start on a line (the line of its last byte)
+  static int lines(const char* p, int64_t stride, int64_t n) {
+    const bool aligned = reinterpret_cast<uintptr_t>(p) % 64 == 0 && stride % 64 == 0;
+    return (int)((n + 63) / 64) + (aligned ? 0 : 1);
   }
 };
+
+// Ahead's requests as a loop makes them, key by key: its fields in registers
+struct AheadRun {
+  const char *k, *v;
+  int64_t ks, vs;
+  int kl, vl, nk, nv;
+  explicit AheadRun(const Ahead& a)
+      : k(a.k), v(a.v), ks(a.ks), vs(a.vs), kl(a.kl), vl(a.vl), nk(a.nk), nv(a.nv) {}
+  ATTNLAB_INLINE void at(int t) {
+    if (t < nk) {
+      for (int i = 0; i < kl; ++i) pf(k + 64 * i);
+      k += ks;
+    }
+    if (t < nv) {
+      for (int i = 0; i < vl; ++i) pf(v + 64 * i);
+      v += vs;
+    }
+  }
+};
+
+// acc[r][·] += P[r·ldp + t]·V[t·ldv + ·] for NR rows: key t's value vectors loaded once
+template <int NR, int NV, class T>
+static ATTNLAB_INLINE void pv_key(vf (&acc)[NR][NV], const float* P, int64_t ldp, const T* V,
+                                  int64_t ldv, int t) {
+  vf x[NV];
+  if constexpr (std::is_same<T, bf16eo>::value)  // vectors u, u + 1: one block's even, odd
+    for (int u = 0; u < NV; u += 2) vld_eo(V + t * ldv + u * W, x[u], x[u + 1]);
+  else
+    for (int u = 0; u < NV; ++u) x[u] = vld(V + t * ldv + u * W);
+  for (int r = 0; r < NR; ++r) {
+    const vf pt = vset(P[r * ldp + t]);
+    for (int u = 0; u < NV; ++u) acc[r][u] = vfma(pt, x[u], acc[r][u]);
+  }
+}
 
 // O[r] = O[r]·alpha[r] + Σ_{t<nt} P[r·ldp + t]·V[t·ldv + ·] for NR rows and NV vectors of
 // columns at c: each V vector loaded (converted) once for all NR rows, NR·NV accumulators;
@@ -456,17 +499,14 @@ static inline void pv_tile(float* O, int64_t ldo, const float* alpha, const floa
   vf acc[NR][NV];
   for (int r = 0; r < NR; ++r)
     for (int u = 0; u < NV; ++u) acc[r][u] = vmul(vload(O + r * ldo + u * W), vset(alpha[r]));
-  for (int t = 0; t < nt; ++t) {
-    if (ah) ah->at(t);
-    vf x[NV];
-    if constexpr (std::is_same<T, bf16eo>::value)  // vectors u, u + 1: one block's even, odd
-      for (int u = 0; u < NV; u += 2) vld_eo(V + t * ldv + u * W, x[u], x[u + 1]);
-    else
-      for (int u = 0; u < NV; ++u) x[u] = vld(V + t * ldv + u * W);
-    for (int r = 0; r < NR; ++r) {
-      const vf pt = vset(P[r * ldp + t]);
-      for (int u = 0; u < NV; ++u) acc[r][u] = vfma(pt, x[u], acc[r][u]);
+  if (ah) {  // the same loop with the requests ahead
+    AheadRun run(*ah);
+    for (int t = 0; t < nt; ++t) {
+      run.at(t);
+      pv_key<NR, NV>(acc, P, ldp, V, ldv, t);
     }
+  } else {
+    for (int t = 0; t < nt; ++t) pv_key<NR, NV>(acc, P, ldp, V, ldv, t);
   }
   for (int r = 0; r < NR; ++r)
     for (int u = 0; u < NV; ++u) vstore(O + r * ldo + u * W, acc[r][u]);
@@ -703,7 +743,8 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
     if (fv < jb) {
       ah.k = d.k.row(g.b, g.hk, std::min(fk, jb - 1)), ah.v = d.v.row(g.b, g.hk, fv);
       ah.ks = d.k.ss * d.k.esize, ah.vs = d.v.ss * d.v.esize;
-      ah.kn = (int64_t)d.k.n * d.k.esize, ah.vn = (int64_t)d.v.n * d.v.esize;
+      ah.kl = Ahead::lines(ah.k, ah.ks, (int64_t)d.k.n * d.k.esize);
+      ah.vl = Ahead::lines(ah.v, ah.vs, (int64_t)d.v.n * d.v.esize);
       ah.nk = std::max(0, jb - fk), ah.nv = jb - fv;
     }
     pv_rows(O, DvP, alpha, Sb + (ba - j0), KB, vb + (ba - j0) * ldv, ldv, bb - ba, R, DvP,
