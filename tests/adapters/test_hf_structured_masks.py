@@ -86,3 +86,36 @@ def test_a_left_padded_batch_gives_eagers_tokens_on_the_interval_and_decode_kern
     assert (le[real] - la[real]).abs().max().item() < 1e-4
     assert torch.equal(ge, ga)
     assert "interval" in used and "decode" in used, used
+
+
+def test_causal_and_window_masks_are_one_object_per_alignment_and_window():
+    kw = dict(batch_size=2, q_length=1, kv_length=7, q_offset=6, kv_offset=0,
+              mask_function=causal_mask_function, attention_mask=None)
+    first = hf_masks.attnlab_mask(**kw)
+    assert hf_masks.attnlab_mask(**{**kw, "kv_length": 8, "q_offset": 7}) is first
+    assert hf_masks.attnlab_mask(**{**kw, "q_length": 2, "q_offset": 0}) is not first  # top-left
+    win = {**kw, "mask_function": sliding_window_causal_mask_function(3), "local_size": 3}
+    assert hf_masks.attnlab_mask(**win) is hf_masks.attnlab_mask(**win) is not first
+    win4 = {**kw, "mask_function": sliding_window_causal_mask_function(4), "local_size": 4}
+    assert hf_masks.attnlab_mask(**win4) is not hf_masks.attnlab_mask(**win)
+    padded = hf_masks.attnlab_mask(**{**kw, "attention_mask": LEFT})  # its own key ranges
+    assert padded is not hf_masks.attnlab_mask(**{**kw, "attention_mask": LEFT})
+
+
+def test_every_decoding_step_after_the_first_finds_its_plans(monkeypatch):
+    """One mask object per kind: a step's first layer takes the plan of the step before it (the
+    full path validates the prompt's call and the first step's, nothing after)."""
+    from attnlab.ops import api, decode_steps
+
+    hf.register()
+    model = _tiny_llama()
+    model.set_attn_implementation("attnlab")
+    full = []
+    make = api.make_problem
+    monkeypatch.setattr(api, "make_problem", lambda *a, **k: full.append(a[0].shape) or
+                        make(*a, **k))
+    decode_steps.clear()
+    ids = torch.randint(3, 97, (1, 300), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model.generate(input_ids=ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert [s[-2] for s in full] == [300, 1], full  # the prompt, the first step
