@@ -339,9 +339,10 @@ ATTNLAB_AMX_TARGET static void amx_config(int R) {
 ATTNLAB_AMX_TARGET static void amx_release() { _tile_release(); }
 
 // The scores of 64 keys in two halves, so that a block's products run on the tile unit while
-// the vector units compute the block before it (chunk_item issues block j + 1 before block j's
-// softmax and P·V, and collects it at j + 1): amx_issue64 leaves q_r·k_t of the 64 keys at kb
-// (row stride ldk elements) in tiles 0-3; qt: Q^T in DP / 32 chunks of (16, R, 2)
+// the vector units compute the block before it (chunk_item issues block j + 1's products one by
+// one during block j's P·V, AmxSteps, and collects them at j + 1): amx_issue64 leaves q_r·k_t
+// of the 64 keys at kb (row stride ldk elements) in tiles 0-3 at once (an item's first block);
+// qt: Q^T in DP / 32 chunks of (16, R, 2)
 ATTNLAB_AMX_TARGET static void amx_issue64(const uint16_t* kb, int64_t ldk, const uint16_t* qt,
                                            int R, int DP) {
   _tile_zero(0);
@@ -361,6 +362,56 @@ ATTNLAB_AMX_TARGET static void amx_issue64(const uint16_t* kb, int64_t ldk, cons
     _tile_dpbf16ps(3, 5, 6);
   }
 }
+
+// amx_issue64's work one product at a time, spread over the P·V loop of the block before (a
+// product of 16 keys by 32 dims takes ~15 ns on this tile unit: the 8 of a D = 64 block issued
+// at once held the core's reorder window and ran before the vector work, spread they run
+// alongside it). begin zeroes the scores' tiles; step i loads K rows 16·(i % 4).. and dims
+// 32·(i / 4).. (and Q^T's chunk at i % 4 = 0) and adds their product; rest does the steps left.
+// No target attribute: GCC's tile intrinsics are asm statements, so step is inlined into the
+// P·V loop (a call there made the loop save and reload its 16 accumulators, all of them
+// caller-saved, around every step)
+struct AmxSteps {
+  const uint16_t* kb = nullptr;  // the block's first K row
+  const uint16_t* qt = nullptr;  // Q^T (amx_issue64)
+  int64_t ldk = 0;
+  int R = 0, n = 0, i = 0;  // n = DP / 32 · 4 steps, the next one i
+  void begin(const uint16_t* k, int64_t ld, const uint16_t* q, int rows, int DP) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    kb = k, ldk = ld, qt = q, R = rows, n = DP / 32 * 4, i = 0;
+  }
+  ATTNLAB_INLINE void step() {
+    if (i >= n) return;
+    const int c = i / 4 * 32, t = i % 4;
+    const long sk = (long)ldk * 2;
+    const uint16_t* a = kb + 16 * t * ldk + c;
+    switch (t) {
+      case 0:
+        _tile_loadd(6, qt + (int64_t)c * R, (long)R * 4);
+        _tile_loadd(4, a, sk);
+        _tile_dpbf16ps(0, 4, 6);
+        break;
+      case 1:
+        _tile_loadd(5, a, sk);
+        _tile_dpbf16ps(1, 5, 6);
+        break;
+      case 2:
+        _tile_loadd(4, a, sk);
+        _tile_dpbf16ps(2, 4, 6);
+        break;
+      default:
+        _tile_loadd(5, a, sk);
+        _tile_dpbf16ps(3, 5, 6);
+    }
+    ++i;
+  }
+  void rest() {
+    while (i < n) step();
+  }
+};
 
 // s[r·lds + t] = q_r·k_t from tiles 0-3 (amx_issue64); cb: (64, R) floats of scratch
 ATTNLAB_AMX_TARGET static void amx_collect64(int R, float* cb, float* s, int lds) {
@@ -448,6 +499,10 @@ struct Ahead {
   int64_t ks = 0, vs = 0;                 // row strides in bytes
   int kl = 0, vl = 0;                     // lines requested a row, at 64·i
   int nk = 0, nv = 0;                     // K and V rows requested at most
+#if defined(ATTNLAB_AVX512)
+  AmxSteps* amx = nullptr;  // the next block's products (or none), one every `every` keys
+  int every = 1;
+#endif
   // lines at p + 64·i that cover a row of n bytes at p, every row at p + t·stride: one per 64
   // bytes, and one more when the rows do not start on a line (the line of its last byte)
   static int lines(const char* p, int64_t stride, int64_t n) {
@@ -456,14 +511,29 @@ struct Ahead {
   }
 };
 
-// Ahead's requests as a loop makes them, key by key: its fields in registers
+// Ahead's requests as a loop makes them, key by key: its fields in registers; and, with the
+// tile unit, one of the next block's products every `every` keys (AmxSteps)
 struct AheadRun {
   const char *k, *v;
   int64_t ks, vs;
   int kl, vl, nk, nv;
+#if defined(ATTNLAB_AVX512)
+  AmxSteps* amx;
+  int every, left;
+  explicit AheadRun(const Ahead& a)
+      : k(a.k), v(a.v), ks(a.ks), vs(a.vs), kl(a.kl), vl(a.vl), nk(a.nk), nv(a.nv), amx(a.amx),
+        every(a.every), left(a.every) {}
+#else
   explicit AheadRun(const Ahead& a)
       : k(a.k), v(a.v), ks(a.ks), vs(a.vs), kl(a.kl), vl(a.vl), nk(a.nk), nv(a.nv) {}
+#endif
   ATTNLAB_INLINE void at(int t) {
+#if defined(ATTNLAB_AVX512)
+    if (amx && --left == 0) {
+      left = every;
+      amx->step();
+    }
+#endif
     if (t < nk) {
       for (int i = 0; i < kl; ++i) pf(k + 64 * i);
       k += ks;
@@ -633,6 +703,9 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
   prefetch_rows(d.k, g.b, g.hk, ja, std::min(jb, ja + k_ahead));
   prefetch_rows(d.v, g.b, g.hk, ja, std::min(jb, ja + PF_KEYS));
   bool issued = false;  // tiles 0-3 hold the scores of block j0, issued during the block before
+#if defined(ATTNLAB_AVX512)
+  AmxSteps next;  // their products, one at a time in the P·V loop
+#endif
   for (int j0 = ja; j0 < jb; j0 += KB) {
     if (done && done->load(std::memory_order_relaxed) >= 0) break;  // another thread's counts
     const int nk = std::min(KB, jb - j0);
@@ -658,10 +731,10 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
       amx_collect64(R, Cb, Sb, KB);
       amx_end = bb;
     }
-    issued = tiled(j0 + KB);  // the next block's products, while this one is computed
+    issued = tiled(j0 + KB);  // the next block's products, during this one's P·V
     if (issued)
-      amx_issue64(reinterpret_cast<const uint16_t*>(d.k.row(g.b, g.hk, j0 + KB)), d.k.ss, Qt, R,
-                  DP);
+      next.begin(reinterpret_cast<const uint16_t*>(d.k.row(g.b, g.hk, j0 + KB)), d.k.ss, Qt, R,
+                 DP);
 #endif
     // every row that sees a key of the block: scores, then its online softmax step; P (R, KB)
     // holds each row's weights over the block's attended keys [ba, bb), 0 outside its own
@@ -747,8 +820,17 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
       ah.vl = Ahead::lines(ah.v, ah.vs, (int64_t)d.v.n * d.v.esize);
       ah.nk = std::max(0, jb - fk), ah.nv = jb - fv;
     }
+#if defined(ATTNLAB_AVX512)
+    if (issued && ah.nv > 0) {
+      ah.amx = &next;
+      ah.every = std::max(1, (bb - ba) / next.n);
+    }
+#endif
     pv_rows(O, DvP, alpha, Sb + (ba - j0), KB, vb + (ba - j0) * ldv, ldv, bb - ba, R, DvP,
             ah.nv > 0 ? &ah : nullptr);
+#if defined(ATTNLAB_AVX512)
+    if (issued) next.rest();  // the products the loop left (or all: no rows ahead, or P·V none)
+#endif
   }
   if (bad && (hsum(seen) != 0.0f || !finite_span(O, (int64_t)R * DvP)))
     bad->store(true, std::memory_order_relaxed);
