@@ -26,9 +26,11 @@ in the kernel's C table (csrc/serve.cpp), and `attention` asks it first (`serve`
 that probes, finds the plan (the probe's string and the scalars it serves: is_causal,
 enable_gqa, scale, dropout_p 0, no softcap, no lse, the mask object and the kernel's switches),
 checks the inputs (under 'U', contiguous float32/bfloat16/float16 ones only, after the kernel,
-as `run_sdpa`) and runs SDPA's ATen op, giving a gradient's SDPA node the second-order pre-hook
-in C (it enters Python only for a backward that builds a graph). Any other call, and one whose
-inputs are not finite, gets the probe's string back, which `find` takes as it is.
+as `run_sdpa`; a square causal call's values through its output's last row, which sees every
+value: a NaN/Inf one makes it non-finite) and runs SDPA's ATen op, giving a gradient's SDPA node
+the second-order pre-hook in C (it enters Python only for a backward that builds a graph). Any
+other call, and one whose inputs are not finite, gets the probe's string back, which `find`
+takes as it is.
 
 The first call of a signature takes the full path, which raises exactly what it always raised;
 only a call that validated is kept. At most MAX_PLANS signatures are kept, the oldest dropped.

@@ -46,28 +46,27 @@ bool finite_bits(const uint16_t* p, int64_t n, uint16_t ones) {
   return most < ones;
 }
 
-// no NaN/Inf in the n values of x's dtype (float32, bfloat16, float16) at p
-bool finite_values(const at::Tensor& x, const void* p, int64_t n) {
-  switch (x.scalar_type()) {
+// no NaN/Inf in the n values of dtype t (float32, bfloat16, float16) at p
+bool finite_values(at::ScalarType t, const void* p, int64_t n) {
+  switch (t) {
     case at::kFloat: return finite_span((const float*)p, n);  // (a 32-bit max as below: slower)
     case at::kBFloat16: return finite_bits((const uint16_t*)p, n, 0x7F80);
     default: return finite_bits((const uint16_t*)p, n, 0x7C00);  // float16
   }
 }
 
-// no NaN/Inf in x (checkable), read in place in spans of memory order for any strides
-bool finite(const at::Tensor& x) {
-  const char* p = (const char*)x.data_ptr();
-  // a permutation of a contiguous block (a projection's (B, L, H, D) viewed as (B, H, L, D)):
-  // its numel values lie in one span from its first, read in memory order
-  if (x.is_non_overlapping_and_dense()) return finite_values(x, p, x.numel());
-  if (x.numel() == 0) return true;
-  // its dims in memory order (stride, size), those of size 1 and broadcast ones (stride 0: their
-  // values read once) left out, each merged into the one below where together they are one
-  // span: q of one qkv projection's (B, L, 3·H·D) block viewed as (B, H, L, D) is L spans of H·D
+// no NaN/Inf among the values of dtype t laid out from p by sizes and strides (in elements of
+// `size` bytes), read in place in spans of memory order: the dims (stride, size) sorted by
+// stride, those of size 1 and broadcast ones (stride 0: their values read once) left out, each
+// merged into the one below where together they are one span (q of one qkv projection's (B, L,
+// 3·H·D) block viewed as (B, H, L, D) is L spans of H·D)
+bool finite_strided(at::ScalarType t, const char* p, c10::IntArrayRef sizes,
+                    c10::IntArrayRef strides, int64_t size) {
   std::vector<std::pair<int64_t, int64_t>> dims;
-  for (int64_t i = 0; i < x.dim(); ++i)
-    if (x.size(i) > 1 && x.stride(i) != 0) dims.emplace_back(x.stride(i), x.size(i));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) return true;  // no values
+    if (sizes[i] > 1 && strides[i] != 0) dims.emplace_back(strides[i], sizes[i]);
+  }
   std::sort(dims.begin(), dims.end());
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const auto& d : dims) {
@@ -81,12 +80,12 @@ bool finite(const at::Tensor& x) {
     n = spans.front().second;
     spans.erase(spans.begin());
   }
-  const int64_t nd = (int64_t)spans.size(), size = x.element_size();
+  const int64_t nd = (int64_t)spans.size();
   std::vector<int64_t> at(nd, 0);  // index over the outer dims, innermost first
   for (;;) {
     int64_t off = 0;
     for (int64_t i = 0; i < nd; ++i) off += at[i] * spans[i].first;
-    if (!finite_values(x, p + off * size, n)) return false;
+    if (!finite_values(t, p + off * size, n)) return false;
     int64_t i = 0;
     for (; i < nd && ++at[i] == spans[i].second; ++i) at[i] = 0;  // the next span
     if (i == nd) return true;  // past the last
@@ -106,6 +105,25 @@ void put(std::string& s, int64_t v) {
 }
 
 }  // namespace
+
+// a permutation of a contiguous block (a projection's (B, L, H, D) viewed as (B, H, L, D)) is
+// one span from its first value, read in memory order; any other layout, `finite_strided`
+bool values_finite(const at::Tensor& x) {
+  const char* p = (const char*)x.data_ptr();
+  if (x.is_non_overlapping_and_dense()) return finite_values(x.scalar_type(), p, x.numel());
+  return finite_strided(x.scalar_type(), p, x.sizes(), x.strides(), x.element_size());
+}
+
+bool last_row_finite(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 2, "last_row_finite: a tensor (.., L, n)");
+  if (x.numel() == 0) return true;
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  std::vector<int64_t> strides(x.strides().begin(), x.strides().end());
+  const char* p = (const char*)x.data_ptr() + (x.size(-2) - 1) * x.stride(-2) * x.element_size();
+  sizes.erase(sizes.end() - 2);  // (.., L, n) -> (.., n) at row L - 1
+  strides.erase(strides.end() - 2);
+  return finite_strided(x.scalar_type(), p, sizes, strides, x.element_size());
+}
 
 std::string layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const at::Tensor* xs[3] = {&q, &k, &v};
@@ -138,7 +156,7 @@ bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   const at::Tensor* xs[3] = {&q, &k, &v};
   const int n = check < 0 ? 1 : 3;
   for (int i = 0; i < n; ++i)
-    if (!finite(*xs[i])) return false;
+    if (!values_finite(*xs[i])) return false;
   return true;
 }
 
@@ -151,7 +169,7 @@ bool all_finite(const at::Tensor& x) {
   const int64_t size = x.element_size();
   std::atomic<bool> bad{false};
   run_ranges(x.numel(), GLUE_CHUNK, stream_ns(1), [&](int64_t b, int64_t e) {
-    if (!finite_values(x, p + b * size, e - b)) bad.store(true);
+    if (!finite_values(t, p + b * size, e - b)) bad.store(true);
   });
   return !bad.load();
 }

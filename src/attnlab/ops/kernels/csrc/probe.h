@@ -24,6 +24,15 @@ std::string layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 bool decides(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
 bool all_finite3(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t check);
 
+// no NaN or Inf in x (checkable by the probe: float32, bfloat16 or float16 on the CPU), read in
+// place on this thread, in spans of memory order for any strides
+bool values_finite(const at::Tensor& x);
+
+// no NaN or Inf in row L - 1 of x (.., L, n) (float32, bfloat16 or float16 on the CPU), for
+// every index of its leading dims, read in place on this thread: an output's last row, which in
+// a square causal call sees every key and value (serve.cpp)
+bool last_row_finite(const at::Tensor& x);
+
 // no NaN or Inf in x (float32, bfloat16 or float16, contiguous, on the CPU), read on the kernel's
 // work queue (the op `all_finite`:
 // a plan's check of an input too large for the probe, ops/cheap.py, serve.cpp)

@@ -15,7 +15,8 @@
 //   keep(layout, dropout_p, is_causal, scale, enable_gqa, mask, softcap, return_lse, kernel, isa,
 //        hooked, causal, run_scale, gqa) -> bool: keep a plan (False: scalars it does not serve)
 //   clear() -> None
-// A plan is served under the probe's finite verdict 'F' (the inputs checked before the kernel),
+// A plan is served under the probe's finite verdict 'F' (the inputs checked before the kernel; a
+// square causal call's values through its output's last row after it, which sees every value),
 // or under 'U' where each input checked is float32, bfloat16 or float16 and contiguous (too
 // large for the probe: checked after the kernel, on the work queue, as `run_sdpa` does; one not
 // finite: the probe's string, and the Python plan runs the call again by its rules), for the
@@ -209,14 +210,20 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (i_same == 0) return verdict(-1);
   const Plan p = it->second;  // copied: the table may change while the GIL is released
   // (s, the key, is kept as it is until the call returns)
-  bool finite;
+  bool finite, shown = true;  // shown: no NaN/Inf in the output's last rows, where looked at
   at::Tensor out;
   c10::intrusive_ptr<torch::autograd::Node> node;  // SDPA's node (out's own, or under its view)
+  // A square causal call's last query row sees every key: a NaN/Inf in a value row reaches its
+  // output through the weight times it (a zero weight too: 0 · Inf is NaN), so the values are
+  // checked there, after the kernel; the query and keys before it (a NaN/Inf query row, or an
+  // Inf key whose scores are all -inf, can leave the output finite)
+  const bool square = decided && check > 0 && p.causal && q.size(-2) == k.size(-2);
   {
     pybind11::gil_scoped_release no_gil;  // as PyTorch's own binding of SDPA
     // inputs the probe decides are checked before the kernel (after it, when its reads have left
     // them in cache, measured no faster), larger ones after it, one by one on the work queue
-    finite = !decided || all_finite3(q, k, v, check);
+    finite = !decided || (square ? values_finite(q) && values_finite(k)
+                                 : all_finite3(q, k, v, check));
     if (finite && p.hooked && q.dim() < 4) {  // (L, D), (H, L, D): as views (1, .., n) on the
       // flash node, the output viewed back (ops/sdpa.py's `flash`; fewer dims: SDPA's math path)
       auto lift = [](const at::Tensor& x) {
@@ -235,8 +242,10 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
       node = out.grad_fn();
     }
     for (int i = 0; !decided && finite && i < n_checked; ++i) finite = all_finite(*checked[i]);
+    if (finite && square) shown = last_row_finite(out);
   }
   if (!finite) return verdict(0);  // 'N', or 'U' where undecided: the Python plan's rules
+  if (!shown) return verdict(-1);  // 'N' (a value not finite), or 'F' (finite values overflowed)
   if (p.hooked) {
     if (node) {
       if (node->name() != kFlashNode) {  // another node: the Python plan's own fallback
