@@ -184,6 +184,33 @@ def test_a_query_in_the_cache_dtype_and_no_intervals_are_the_same_call(dtype):
         ops.decode(q, k, v, lo, None, None, 0.125, 0.0, 0, 0, True)
 
 
+def tile_against_vector(monkeypatch, q, k, v, lo, hi, chunks=(0,)):
+    """bfloat16 q (B, G·Hkv, L, D) and k, v (B, Hkv, S, D) through the decode op with the AMX tile
+    unit's q·k (where the CPU has it) and with the vector path (ATTNLAB_DECODE_AMX=0), at each
+    chunk size: every answer within FlashAttention's rule of float64 (2x float32's error), the
+    tile unit's equal to the vector path's within rounding."""
+    G, D, S = q.shape[1] // k.shape[1], q.shape[-1], k.shape[2]
+    ops = build.load(build.chosen_isa())
+    outs = {}
+    for amx in ("1", "0"):
+        monkeypatch.setenv("ATTNLAB_DECODE_AMX", amx)
+        for chunk in chunks:
+            outs[amx, chunk] = ops.decode(q, k, v, lo.int(), hi.int(), None, D ** -0.5, 0.0, 0,
+                                          chunk, True)
+    assert all(finite for _, _, finite in outs.values())
+    kd, vd = (x.double().repeat_interleave(G, 1) for x in (k, v))
+    j = torch.arange(S)
+    keep = (j >= lo[..., None]) & (j < hi[..., None])  # (B, 1, L, S)
+    sc = (q.double() @ kd.transpose(-1, -2) * D ** -0.5).masked_fill(~keep, float("-inf"))
+    ref = torch.softmax(sc, -1) @ vd
+    low = torch.softmax(sc.float(), -1) @ vd.float()  # the same formula in float32
+    bound = 2 * (low.double() - ref).abs().max().item() + 1e-6
+    for out, _, _ in outs.values():
+        assert (out.double() - ref).abs().max().item() <= bound
+    for chunk in chunks:
+        assert (outs["1", chunk][0] - outs["0", chunk][0]).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("G, D", [(4, 128), (4, 64), (16, 32), (2, 256), (1, 64)])
 def test_bf16_scores_from_the_tile_unit_match_the_vector_path(monkeypatch, G, D):
     """bfloat16 keys and queries: the AMX tile unit's q·k (where the CPU has it, whole 64-key
@@ -194,23 +221,7 @@ def test_bf16_scores_from_the_tile_unit_match_the_vector_path(monkeypatch, G, D)
     q = torch.randn(B, G * Hkv, L, D, generator=g).to(torch.bfloat16).float()
     k, v = (torch.randn(B, Hkv, S, D, generator=g).to(torch.bfloat16) for _ in range(2))
     lo, hi = decode_intervals("window", [1000, 611], L, S, window=700)
-    ops = build.load(build.chosen_isa())
-    outs = []
-    for amx in ("1", "0"):
-        monkeypatch.setenv("ATTNLAB_DECODE_AMX", amx)
-        outs.append(ops.decode(q, k, v, lo.int(), hi.int(), None, D ** -0.5, 0.0, 0, 0,
-                               True))
-    assert outs[0][2] and outs[1][2]
-    kd, vd = (x.double().repeat_interleave(G, 1) for x in (k, v))
-    j = torch.arange(S)
-    keep = (j >= lo[..., None]) & (j < hi[..., None])  # (B, 1, L, S)
-    sc = (q.double() @ kd.transpose(-1, -2) * D ** -0.5).masked_fill(~keep, float("-inf"))
-    ref = torch.softmax(sc, -1) @ vd
-    low = torch.softmax(sc.float(), -1) @ vd.float()  # the same formula in float32
-    bound = 2 * (low.double() - ref).abs().max().item() + 1e-6
-    for out, _, _ in outs:
-        assert (out.double() - ref).abs().max().item() <= bound
-    assert (outs[0][0] - outs[1][0]).abs().max().item() < 1e-5
+    tile_against_vector(monkeypatch, q, k, v, lo, hi)
 
 
 @pytest.mark.parametrize("G, D", [(4, 64), (4, 128), (1, 128)])
@@ -218,33 +229,14 @@ def test_tile_products_issued_through_the_block_before(monkeypatch, G, D):
     """The tile unit's products of block j + 1 are issued one at a time during block j's P·V
     (AmxSteps): query row 0 sees keys [0, 10), row 1 keys [189, S), so the block [128, 192)
     has 3 keys some row sees, fewer than the products (8 at D = 64, 16 at 128), and the rest are
-    issued after its loop; chunks of 4 blocks merged and the kernel's own chunks, ragged ends;
-    the same answer as the vector path (ATTNLAB_DECODE_AMX=0) and FlashAttention's rule against
-    float64."""
+    issued after its loop; chunks of 4 blocks merged and the kernel's own chunks, ragged ends."""
     g = torch.Generator().manual_seed(22)
     B, Hkv, L, S = 2, 2, 2, 1000
     q = torch.randn(B, G * Hkv, L, D, generator=g).to(torch.bfloat16).float()
     k, v = (torch.randn(B, Hkv, S, D, generator=g).to(torch.bfloat16) for _ in range(2))
-    lo = torch.tensor([[0, 189], [0, 189]], dtype=torch.int32).view(B, 1, L)
-    hi = torch.tensor([[10, S], [10, S - 100]], dtype=torch.int32).view(B, 1, L)
-    ops = build.load(build.chosen_isa())
-    outs = []
-    for amx in ("1", "0"):
-        monkeypatch.setenv("ATTNLAB_DECODE_AMX", amx)
-        for chunk in (256, 0):
-            outs.append(ops.decode(q, k, v, lo, hi, None, D ** -0.5, 0.0, 0, chunk, True))
-    assert all(finite for _, _, finite in outs)
-    kd, vd = (x.double().repeat_interleave(G, 1) for x in (k, v))
-    j = torch.arange(S)
-    keep = (j >= lo[..., None]) & (j < hi[..., None])  # (B, 1, L, S)
-    sc = (q.double() @ kd.transpose(-1, -2) * D ** -0.5).masked_fill(~keep, float("-inf"))
-    ref = torch.softmax(sc, -1) @ vd
-    low = torch.softmax(sc.float(), -1) @ vd.float()  # the same formula in float32
-    bound = 2 * (low.double() - ref).abs().max().item() + 1e-6
-    for out, _, _ in outs:
-        assert (out.double() - ref).abs().max().item() <= bound
-    for tile, vector in zip(outs[:2], outs[2:]):
-        assert (tile[0] - vector[0]).abs().max().item() < 1e-5
+    lo = torch.tensor([[0, 189], [0, 189]]).view(B, 1, L)
+    hi = torch.tensor([[10, S], [10, S - 100]]).view(B, 1, L)
+    tile_against_vector(monkeypatch, q, k, v, lo, hi, chunks=(256, 0))
 
 
 def test_the_cache_is_read_in_place_from_a_slice():
