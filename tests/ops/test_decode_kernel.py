@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+import time
+import weakref
 
 import pytest
 import torch
@@ -160,6 +163,36 @@ def test_builds_agree_and_threads_do_not_change_the_result(dtype):
         torch.set_num_threads(before)
     for o in outs[1:]:
         assert (o - outs[0]).abs().max().item() < 2e-6
+
+
+def test_a_late_helper_never_releases_the_callers_tensors():
+    """A helper thread that starts after its call has returned (the OS, or PyTorch's OpenMP
+    threads spinning after the op before, keeps it off the core) may still hold the call's cache;
+    the cache's tensors are released on a calling thread, never on PyTorch's pool thread, where a
+    release that takes the GIL while the interpreter exits aborted the process (~1 exit in 4 of a
+    2-thread decoding script). Every tensor's release is seen from Python (weakref.finalize)."""
+    main = threading.get_ident()
+    where: list[int] = []
+    w, x = torch.randn(1024, 1024), torch.randn(64, 1024)
+    q = torch.randn(1, 32, 1, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for _ in range(150):
+            k, v = (torch.randn(1, 8, 4096, 64) for _ in range(2))
+            for t in (k, v):
+                weakref.finalize(t, lambda: where.append(threading.get_ident()))
+            torch.nn.functional.linear(x, w)  # its OpenMP threads spin on the cores after it
+            attnlab.attention(q, k, v, enable_gqa=True, backend="decode")
+            del k, v, t
+        time.sleep(0.05)  # the last call's helper done
+        small = torch.randn(1, 8, 300, 64)
+        attnlab.attention(q, small, small, enable_gqa=True, backend="decode")  # lets go of
+        # what helpers left
+    finally:
+        torch.set_num_threads(before)
+    assert len(where) == 300
+    assert [t for t in where if t != main] == []
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -22,6 +22,8 @@
 #include <cstring>
 #include <string>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -921,7 +923,38 @@ void finish_group(const Dec& d, const Group& g, const float* const* parts, float
 
 // One call's items, shared with helper threads that may still run after the call returned:
 // they then hold the tensors they read (hold), and what they compute is dropped
+// The tensors of calls whose Shared a helper thread let go of last: a helper may still read the
+// cache after its call returned, so the call's Shared holds q, k and v until every helper is done
+// with it, but a tensor's last reference must not drop on one of PyTorch's pool threads: where
+// Python holds the tensor too, its release takes the GIL, and a pool thread that asks for the GIL
+// while the interpreter exits is ended by Python (pthread_exit unwinding through the pool's
+// noexcept frames: std::terminate, an abort at exit). They wait here for the next call's calling
+// thread (`release_late`); the list is never destroyed, so what a process's last call left is
+// left to the OS at exit.
+std::mutex& late_mu() {
+  static std::mutex* m = new std::mutex();
+  return *m;
+}
+std::vector<Tensor>& late() {
+  static std::vector<Tensor>* held = new std::vector<Tensor>();
+  return *held;
+}
+
+// drops the tensors helpers left, on this (calling) thread
+void release_late() {
+  std::vector<Tensor> old;
+  std::lock_guard<std::mutex> g(late_mu());
+  old.swap(late());
+}  // (old's tensors released here, after the lock: a Python release may take a while)
+
 struct Shared {
+  // its tensors go to `late` when the last owner is a helper, not the calling thread
+  ~Shared() {
+    if (std::this_thread::get_id() == caller) return;
+    std::lock_guard<std::mutex> g(late_mu());
+    for (Tensor& t : hold) late().push_back(std::move(t));
+  }
+  std::thread::id caller = std::this_thread::get_id();
   Dec d;
   std::vector<Group> groups;
   std::vector<int64_t> owner;  // item -> its group
@@ -1025,6 +1058,7 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
                                         const std::optional<Tensor>& slopes, double scale,
                                         double softcap, int64_t pos_off, int64_t chunk,
                                         bool check) {
+  release_late();
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.device().is_cpu(),
               "q: expected a contiguous (B, H, L, D) CPU tensor");
   Dec d{};
