@@ -44,6 +44,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -212,7 +214,9 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
   // (s, the key, is kept as it is until the call returns)
   bool finite, shown = true;  // shown: no NaN/Inf in the output's last rows, where looked at
   at::Tensor out;
-  c10::intrusive_ptr<torch::autograd::Node> node;  // SDPA's node (out's own, or under its view)
+  // SDPA's node (out's own, or under its view): a shared_ptr up to torch 2.12, an intrusive_ptr
+  // from 2.13, whichever `grad_fn` gives
+  std::decay_t<decltype(std::declval<const at::Tensor&>().grad_fn())> node;
   // A square causal call's last query row sees every key: a NaN/Inf in a value row reaches its
   // output through the weight times it (a zero weight too: 0 · Inf is NaN), so the values are
   // checked there, after the kernel; the query and keys before it (a NaN/Inf query row, or an
