@@ -49,8 +49,11 @@ def test_empty_batch_or_heads(backend, shape, mask):
 
 
 def test_heads_zero_is_like_sdpa():
+    """SDPA's empty (B, 0, L, Dv) output, on every backend; torch 2.11's own CPU SDPA dies of a
+    SIGFPE on zero heads (2.13 returns the empty output), so SDPA is asked only from 2.13."""
     q, k, v = torch.randn(3, 2, 0, 5, 8).unbind(0)
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13):
+        assert torch.nn.functional.scaled_dot_product_attention(q, k, v).shape == (2, 0, 5, 8)
     for backend in BACKENDS:
         got = attnlab.attention(q, k, v, backend=backend)
-        assert got.shape == want.shape == (2, 0, 5, 8)
+        assert got.shape == (2, 0, 5, 8)
