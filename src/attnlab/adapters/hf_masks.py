@@ -20,6 +20,8 @@ transformers' eager path gives such rows a uniform mix instead. Real tokens are 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnlab.masks import Mask, causal, window
@@ -119,20 +121,13 @@ def structured_or_none(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     return m if rng is None else m & KeyRange(*rng)
 
 
-#: the causal and sliding-window masks handed out, one object per (align, window): a mask is a
-#: value (these hold no tensor), and attention's plans are kept per mask object, so every
-#: forward of a model (each decoding step) finds the plans of the one before it, its first layer
-#: included; a mask's intervals are kept per (L, S, device) (`Mask.intervals`), whatever calls
-_SHARED: dict = {}
-
-
+@functools.cache
 def _shared(align: str, w: int | None) -> Mask:
-    """The one causal(align) (w None) or causal window of w keys aligned `align`."""
-    m = _SHARED.get((align, w))
-    if m is None:
-        m = causal(align) if w is None else window(left=w - 1, right=0, align=align)
-        _SHARED[(align, w)] = m
-    return m
+    """The one causal(align) (w None) or causal window of w keys aligned `align` handed out: a
+    mask is a value (these hold no tensor), and attention keeps its plans per mask object, so
+    every forward of a model (each decoding step) finds the plans of the one before it, its first
+    layer's included; a mask keeps its intervals per (L, S, device) (`Mask.intervals`)."""
+    return causal(align) if w is None else window(left=w - 1, right=0, align=align)
 
 
 def attnlab_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,

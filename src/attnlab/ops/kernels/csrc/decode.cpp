@@ -503,32 +503,10 @@ struct Ahead {
   int nk = 0, nv = 0;                     // K and V rows requested at most
 #if defined(ATTNLAB_AVX512)
   AmxSteps* amx = nullptr;  // the next block's products (or none), one every `every` keys
-  int every = 1;
+  int every = 1, left = 1;  // left: keys to the next product
 #endif
-  // lines at p + 64·i that cover a row of n bytes at p, every row at p + t·stride: one per 64
-  // bytes, and one more when the rows do not start on a line (the line of its last byte)
-  static int lines(const char* p, int64_t stride, int64_t n) {
-    const bool aligned = reinterpret_cast<uintptr_t>(p) % 64 == 0 && stride % 64 == 0;
-    return (int)((n + 63) / 64) + (aligned ? 0 : 1);
-  }
-};
-
-// Ahead's requests as a loop makes them, key by key: its fields in registers; and, with the
-// tile unit, one of the next block's products every `every` keys (AmxSteps)
-struct AheadRun {
-  const char *k, *v;
-  int64_t ks, vs;
-  int kl, vl, nk, nv;
-#if defined(ATTNLAB_AVX512)
-  AmxSteps* amx;
-  int every, left;
-  explicit AheadRun(const Ahead& a)
-      : k(a.k), v(a.v), ks(a.ks), vs(a.vs), kl(a.kl), vl(a.vl), nk(a.nk), nv(a.nv), amx(a.amx),
-        every(a.every), left(a.every) {}
-#else
-  explicit AheadRun(const Ahead& a)
-      : k(a.k), v(a.v), ks(a.ks), vs(a.vs), kl(a.kl), vl(a.vl), nk(a.nk), nv(a.nv) {}
-#endif
+  // key t's requests, made on a copy a loop keeps in registers (its row pointers advance by
+  // their strides), and with the tile unit one of the next block's products every `every` keys
   ATTNLAB_INLINE void at(int t) {
 #if defined(ATTNLAB_AVX512)
     if (amx && --left == 0) {
@@ -544,6 +522,12 @@ struct AheadRun {
       for (int i = 0; i < vl; ++i) pf(v + 64 * i);
       v += vs;
     }
+  }
+  // lines at p + 64·i that cover a row of n bytes at p, every row at p + t·stride: one per 64
+  // bytes, and one more when the rows do not start on a line (the line of its last byte)
+  static int lines(const char* p, int64_t stride, int64_t n) {
+    const bool aligned = reinterpret_cast<uintptr_t>(p) % 64 == 0 && stride % 64 == 0;
+    return (int)((n + 63) / 64) + (aligned ? 0 : 1);
   }
 };
 
@@ -572,7 +556,7 @@ static inline void pv_tile(float* O, int64_t ldo, const float* alpha, const floa
   for (int r = 0; r < NR; ++r)
     for (int u = 0; u < NV; ++u) acc[r][u] = vmul(vload(O + r * ldo + u * W), vset(alpha[r]));
   if (ah) {  // the same loop with the requests ahead
-    AheadRun run(*ah);
+    Ahead run = *ah;  // (the copy a loop keeps in registers)
     for (int t = 0; t < nt; ++t) {
       run.at(t);
       pv_key<NR, NV>(acc, P, ldp, V, ldv, t);
@@ -825,7 +809,7 @@ void chunk_item(const Dec& d, const Group& g, int ja, int jb, float* O, float* m
 #if defined(ATTNLAB_AVX512)
     if (issued && ah.nv > 0) {
       ah.amx = &next;
-      ah.every = std::max(1, (bb - ba) / next.n);
+      ah.every = ah.left = std::max(1, (bb - ba) / next.n);
     }
 #endif
     pv_rows(O, DvP, alpha, Sb + (ba - j0), KB, vb + (ba - j0) * ldv, ldv, bb - ba, R, DvP,

@@ -85,6 +85,15 @@ void drop(Plan& p) {
   Py_XDECREF(p.isa);
 }
 
+// the plan at `it` out of the table, and its key out of the eviction order (a key left there
+// would drop a plan kept later under it before older ones)
+void forget(std::unordered_map<std::string, Plan>::iterator it) {
+  drop(it->second);
+  auto at = std::find(st.order.begin(), st.order.end(), it->first);
+  if (at != st.order.end()) st.order.erase(at);
+  st.plans.erase(it);
+}
+
 // the scalars a plan is served for, appended to the probe's string; false for any others (the
 // Python path keys on them exactly: those calls stay there)
 bool key_of(std::string& s, PyObject* dropout_p, PyObject* is_causal, PyObject* scale,
@@ -254,14 +263,7 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (node) {
       if (node->name() != kFlashNode) {  // another node: the Python plan's own fallback
         auto gone = st.plans.find(s);
-        if (gone != st.plans.end()) {
-          drop(gone->second);
-          st.plans.erase(gone);
-          // its key leaves `order` too: kept there, a plan kept later under it would be dropped
-          // when this stale key came first, before older plans
-          auto at = std::find(st.order.begin(), st.order.end(), s);
-          if (at != st.order.end()) st.order.erase(at);
-        }
+        if (gone != st.plans.end()) forget(gone);
         return verdict(1);
       }
       node->add_pre_hook(std::make_unique<Twice>());
@@ -309,11 +311,8 @@ PyObject* keep(PyObject*, PyObject* const* a, Py_ssize_t n) {
   }
   while (st.plans.size() > st.most && !st.order.empty()) {  // the oldest dropped
     auto old = st.plans.find(st.order.front());
-    if (old != st.plans.end()) {
-      drop(old->second);
-      st.plans.erase(old);
-    }
-    st.order.pop_front();
+    if (old == st.plans.end()) st.order.pop_front();  // (every key has its plan: not reached)
+    else forget(old);
   }
   Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
