@@ -88,10 +88,13 @@ def test_a_step_auto_does_not_give_the_decode_kernel_takes_the_full_path(monkeyp
     assert torch.equal(got, _full(q, k[:, :, :40], v[:, :, :40]))
 
 
-def test_errors_at_a_new_length_are_the_full_paths():
+@pytest.mark.parametrize("masked", [True, False])
+def test_errors_at_a_new_length_are_the_full_paths(masked):
     q, k, v = _cache()
-    m = masks.window(left=100, right=0, align="bottom_right", key_lengths=[S0])
-    for kn, vn in ((S0 + 1, S0 + 2), (S0 - 1, S0 - 1)):  # k, v lengths differ; key_lengths > S
+    m = masks.window(left=100, right=0, align="bottom_right", key_lengths=[S0]) if masked \
+        else None
+    # k, v lengths differ; key_lengths > S
+    for kn, vn in ((S0 + 1, S0 + 2), (S0 - 1, S0 - 1))[:2 if masked else 1]:
         attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, mask=m)  # the plan
         with pytest.raises(AttnlabError) as got:
             attnlab.attention(q, k[:, :, :kn], v[:, :, :vn], enable_gqa=True, mask=m)
@@ -101,10 +104,10 @@ def test_errors_at_a_new_length_are_the_full_paths():
         assert str(got.value) == str(want.value)
 
 
+@pytest.mark.parametrize("m", [masks.causal("bottom_right"), None])
 @pytest.mark.parametrize("where", ["query", "key", "value"])
-def test_nonfinite_inputs_on_a_plan_follow_the_rules(where):
+def test_nonfinite_inputs_on_a_plan_follow_the_rules(where, m):
     q, k, v = _cache()
-    m = masks.causal("bottom_right")
     attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, mask=m)  # the plan
     x = {"query": q, "key": k, "value": v}[where]
     x[0, 1, 0, 3] = float("nan")
@@ -128,3 +131,72 @@ def test_a_plan_holds_no_input_and_follows_the_kernel_switch(monkeypatch):
     got = attnlab.attention(q, k, v, enable_gqa=True)
     assert ran and "decode" not in ran
     assert (got - _full(q, k, v)).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kw", [{}, {"softcap": 3.0}, {"return_lse": True}, {"scale": -0.3}])
+def test_a_step_without_a_mask_is_the_kernels_op_alone(kw, dtype, monkeypatch):
+    """A plan without a mask serves a step with one call of the kernel's op: no Problem, no
+    backend (`decode_steps._lean`), the full path's answer bit for bit."""
+    q, k, v = _cache(dtype=dtype)
+    lengths = (S0 + 1, S0 + 7)
+    want = [_full(q, k[:, :, :n], v[:, :, :n], **kw) for n in lengths]
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, **kw)  # the plan
+    (step,) = decode_steps._PLANS.values()
+    assert step.lean is not None
+    ran = spy_backends(monkeypatch)
+    monkeypatch.setattr(decode_steps, "_problem", None)  # a step builds no Problem
+    got = [attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True, **kw)
+           for n in lengths]
+    assert ran == [] and len(decode_steps._PLANS) == 1
+    for g, w in zip(got, want):
+        for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (g, w))):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _no_lean(q, k, v, **kw):
+    """The plan kept for this call serves its steps through a Problem, not the op alone."""
+    attnlab.attention(q, k, v, enable_gqa=True, **kw)
+    (step,) = decode_steps._PLANS.values()
+    return step.lean is None
+
+
+def test_what_a_step_without_a_mask_may_not_skip_keeps_the_full_step():
+    q, k, v = _cache(B=2)  # (a broadcast key/value batch: the cat test's steps)
+    assert _no_lean(torch.stack([q, q], -1)[..., 0], k, v)  # a strided query
+    decode_steps.clear()
+    # a mask, even one that leaves one row every key (its Problem has none at this S)
+    assert _no_lean(q[:, :, :1], k, v, mask=masks.causal("bottom_right"))
+    decode_steps.clear()
+    assert _no_lean(q, k, v, mask=masks.window(left=2 * S0 + 8, right=None,
+                                               align="bottom_right"))
+    decode_steps.clear()
+    assert _no_lean(q[0], k[0], v[0])  # 3-D
+    decode_steps.clear()
+    assert _no_lean(q.requires_grad_(), k, v)  # a gradient: the interval kernel's
+
+
+def test_a_step_whose_cache_is_strided_along_d_gives_the_full_paths_answer():
+    """The signature holds the key's shape without its strides: a step whose key has no unit
+    stride along D (not the op's to read) takes the Problem's path, which makes it one."""
+    q, k, v = _cache()
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True)  # the plan
+    wide = torch.randn(1, 2, S0 + 2, 32, generator=torch.Generator().manual_seed(3))
+    ks = wide[..., ::2]  # (1, 2, S0 + 2, 16), stride 2 along D
+    got = attnlab.attention(q, ks, v[:, :, :S0 + 2], enable_gqa=True)
+    assert len(decode_steps._PLANS) == 1
+    assert torch.equal(got, _full(q, ks, v[:, :, :S0 + 2]))
+
+
+def test_a_mask_that_leaves_every_key_at_the_plans_length_applies_at_the_next():
+    """A window reaching further than twice the plan's cache drops out of its Problem (every key
+    attended); a step whose cache outgrows it must still apply it."""
+    q, k, v = _cache(n=3 * S0)
+    m = masks.window(left=2 * S0 + 8, right=None, align="bottom_right")
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, mask=m)  # the plan
+    n = 3 * S0
+    got = attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True, mask=m)
+    assert len(decode_steps._PLANS) == 1
+    want = _full(q, k[:, :, :n], v[:, :, :n], mask=m)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, _full(q, k[:, :, :n], v[:, :, :n]))  # the window bites

@@ -134,7 +134,7 @@ def attention(
     if sig is not None:
         name = dispatch.choose(p, return_lse).backend
         if name == "decode":  # kept without its cache length: the next steps' too
-            decode_steps.keep(step, p, mask)
+            decode_steps.keep(step, p, mask, return_lse, is_causal)
         else:
             cheap.keep(sig, p, name, mask, return_lse)
         out, lse = dispatch.run(name, p, need_lse=return_lse)

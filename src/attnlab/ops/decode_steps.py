@@ -30,6 +30,7 @@ from collections import OrderedDict
 import torch
 
 from attnlab.errors import AttnlabError
+from attnlab.ops import cheap
 from attnlab.ops.backends import REGISTRY
 from attnlab.ops.kernels import build, decode, isa
 from attnlab.ops.problem import Dims, Problem
@@ -46,10 +47,13 @@ class Step:
     #: the answers of `applies.why_not` that hold at any S (Problem.memo entries)
     memo: dict
     mask: object  # held so that its identity, part of the signature, stays its own
+    #: a step the kernel's op serves as it is (`_lean`): (op, scale, softcap), else None
+    lean: tuple | None = None
 
 
 _PLANS: OrderedDict = OrderedDict()
 _TENSOR = torch.Tensor
+_MIN_KEYS = decode.MIN_KEYS
 
 
 def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
@@ -60,8 +64,8 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     if not (type(query) is type(key) is type(value) is _TENSOR) or query.dim() < 2 or \
             query.shape[-2] > decode.MAX_ROWS:  # not decode-shaped: no step plan
         return None, None
-    ks, vs = key.shape, value.shape
-    sig = (query.shape, query.stride(), query.dtype, query.device, query.requires_grad,
+    qs, ks, vs = query.shape, key.shape, value.shape
+    sig = (qs, query.stride(), query.dtype, query.device, query.requires_grad,
            ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
            value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
            enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(), *isa.switches())
@@ -72,6 +76,16 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     if step is None:
         return sig, None
     _PLANS.move_to_end(sig)
+    lean = step.lean
+    if lean is not None:  # no mask: the op's own (B, H, L, Dv), unless a row read is not finite
+        S = ks[-2]
+        if vs[-2] == S and S >= _MIN_KEYS and ks[0] == qs[0] == vs[0] and \
+                key.stride(-1) == 1 and value.stride(-1) == 1:
+            op, scale_, softcap_ = lean
+            out, lse, finite = op(query, key, value, None, None, None, scale_, softcap_, 0, 0,
+                                  True)
+            if finite:
+                return sig, ((out, lse) if return_lse else out)
     p = _problem(step, query, key, value, is_causal)
     if p is None or not decode.takes(p, return_lse):
         return sig, None
@@ -103,10 +117,11 @@ def _problem(step: Step, query, key, value, is_causal) -> Problem | None:
                    memo=dict(step.memo))
 
 
-def keep(sig, p: Problem, mask) -> None:
+def keep(sig, p: Problem, mask, need_lse: bool = False, is_causal: bool = False) -> None:
     """Keep the step plan of a call that validated and that "auto" gave the decode kernel (its
     tensors dropped: no input is held alive); a call with what a step does not rebuild (a dense
-    mask, ALiBi slopes, a score_mod, sinks) keeps none."""
+    mask, ALiBi slopes, a score_mod, sinks) keeps none. need_lse, is_causal: the call's
+    return_lse and is_causal."""
     if sig is None or p.attn_mask is not None or p.alibi_slopes is not None or \
             p.score_mod is not None or p.sinks is not None:
         return
@@ -119,9 +134,30 @@ def keep(sig, p: Problem, mask) -> None:
     ops = build.get()  # the build these switches choose
     if ops is not None:
         memo[decode.OPS] = ops
-    _PLANS[sig] = Step(template, memo, mask)
+    lean = None if mask is not None or is_causal else _lean(p, need_lse, memo.get(decode.OPS))
+    _PLANS[sig] = Step(template, memo, mask, lean)
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
+
+
+def _lean(p: Problem, need_lse: bool, ops) -> tuple | None:
+    """(op, scale, softcap) where a step at any S >= MIN_KEYS with unit stride along D is the
+    kernel's op on the call's own tensors, exactly as `decode.checked` runs it while every row it
+    reads is finite: no mask (every row attends the whole cache: no intervals; a call given a
+    mask or is_causal has none here, since a mask that leaves every key at this S, which the
+    Problem then drops, may not at the next), no ALiBi, 4-D
+    inputs (a step whose key/value batch is broadcast, as the Problem's is here, takes
+    `_problem`), a contiguous query, no gradient (the
+    interval kernel's then), and "auto" giving it the decode kernel at every such S (grouped
+    query heads or what SDPA cannot say; a plain one-head-per-kv-head call is "auto"'s by its
+    bytes); else None (`_problem` and `decode.checked` each step)."""
+    d, q, k, v = p.dims, p.query, p.key, p.value  # (the key/value batch broadcast)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if ops is None or p.structured is not None or p.alibi_slopes is not None or d.ndim != 4 or \
+            not q.is_contiguous() or grad or \
+            q.numel() == 0 or v.shape[-1] == 0 or decode._plain_mha(p, need_lse):
+        return None
+    return cheap._raw(ops.decode), p.scale, float(p.softcap or 0.0)
 
 
 def clear() -> None:
