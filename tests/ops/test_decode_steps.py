@@ -200,3 +200,28 @@ def test_a_mask_that_leaves_every_key_at_the_plans_length_applies_at_the_next():
     want = _full(q, k[:, :, :n], v[:, :, :n], mask=m)
     assert torch.equal(got, want)
     assert not torch.equal(got, _full(q, k[:, :, :n], v[:, :, :n]))  # the window bites
+
+
+@pytest.mark.parametrize("layout", ["sparse", "mkldnn"])
+def test_a_tensor_without_strides_while_a_plan_is_kept_gets_the_full_paths_error(layout):
+    """`attention` asks the step plans before the cheap path's probe (which turns such tensors
+    away): a tensor without strides gets what it got without any plan."""
+    q, k, v = _cache()
+    x = q.to_sparse() if layout == "sparse" else q.to_mkldnn()
+    with pytest.raises(Exception) as want:
+        _full(x, k, v)
+    attnlab.attention(q, k, v, enable_gqa=True)  # the plan
+    assert decode_steps.kept()
+    with pytest.raises(Exception) as got:
+        attnlab.attention(x, k, v, enable_gqa=True)
+    assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+
+
+def test_a_step_is_asked_before_the_probe(monkeypatch):
+    """With a step plan kept, a step of it makes no probe call (its S-free signature decides)."""
+    q, k, v = _cache()
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True)  # the plan
+    monkeypatch.setattr(cheap, "find", None)  # a step must not reach the cheap path
+    got = attnlab.attention(q, k[:, :, :S0 + 3], v[:, :, :S0 + 3], enable_gqa=True)
+    monkeypatch.undo()
+    assert torch.equal(got, _full(q, k[:, :, :S0 + 3], v[:, :, :S0 + 3]))

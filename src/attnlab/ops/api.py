@@ -112,6 +112,12 @@ def attention(
                           softcap, return_lse)  # the output where a C plan served the call
         if type(got) is _TENSOR:
             return got
+        step = None  # a decode step whose cache grew (`ops/decode_steps.py`), before the probe
+        if decode_steps.kept():
+            step, out = decode_steps.find(query, key, value, dropout_p, is_causal, scale,
+                                          enable_gqa, mask, softcap, return_lse)
+            if out is not None:
+                return out
         sig, plan = cheap.find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
                                softcap, return_lse, got)
         if plan is not None and plan.call is not None:  # SDPA's kernel as it is
@@ -122,7 +128,7 @@ def attention(
             p = cheap.problem(plan, query, key, value)
             out, lse = dispatch.run(plan.backend, p, need_lse=return_lse)
             return (out, lse) if return_lse else out
-        if sig is not None:  # a decode step whose cache grew (`ops/decode_steps.py`)
+        if sig is not None and step is None:  # the first decode step's signature
             step, out = decode_steps.find(query, key, value, dropout_p, is_causal, scale,
                                           enable_gqa, mask, softcap, return_lse)
             if out is not None:

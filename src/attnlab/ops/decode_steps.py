@@ -61,14 +61,19 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     """(signature, result): result = out (or (out, lse) with return_lse) of a step of a plan
     kept under the call's S-free signature, or None (the full path runs the call). signature:
     None when the call has none (not three plain tensors, or unhashable)."""
-    if not (type(query) is type(key) is type(value) is _TENSOR) or query.dim() < 2 or \
-            query.shape[-2] > decode.MAX_ROWS:  # not decode-shaped: no step plan
+    if not (type(query) is type(key) is type(value) is _TENSOR):
         return None, None
-    qs, ks, vs = query.shape, key.shape, value.shape
-    sig = (qs, query.stride(), query.dtype, query.device, query.requires_grad,
-           ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
-           value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
-           enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(), *isa.switches())
+    try:
+        qs, ks, vs = query.shape, key.shape, value.shape
+        if len(qs) < 2 or qs[-2] > decode.MAX_ROWS:  # not decode-shaped: no step plan
+            return None, None
+        sig = (qs, query.stride(), query.dtype, query.device, query.requires_grad,
+               ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
+               value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
+               enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(),
+               *isa.switches())
+    except (RuntimeError, NotImplementedError):  # a tensor without strides (sparse, nested):
+        return None, None  # the full path says what is wrong
     try:
         step = _PLANS.get(sig)
     except TypeError:  # unhashable (a list as scale): the full path says what is wrong
@@ -93,6 +98,13 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     # a device; its NaN/Inf rules are the decode backend's own (`decode.checked`)
     out, lse = REGISTRY["decode"].checked(p, return_lse)
     return sig, ((out, lse) if return_lse else out)
+
+
+def kept() -> bool:
+    """Whether a step plan is kept (`attention` then asks `find` before the cheap path's probe:
+    a step's S-free signature costs less than the probe's call; "auto" gives a step the decode
+    kernel or not whatever the cheap path keeps, so the order changes no answer)."""
+    return bool(_PLANS)
 
 
 def _problem(step: Step, query, key, value, is_causal) -> Problem | None:
