@@ -217,6 +217,27 @@ def test_a_query_in_the_cache_dtype_and_no_intervals_are_the_same_call(dtype):
         ops.decode(q, k, v, lo, None, None, 0.125, 0.0, 0, 0, True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_querys_out_is_rounded_as_torch_rounds_it(dtype):
+    """One key: out is the value row exactly (weight 1), so a 16-bit q's out is the kernel's own
+    rounding of those floats: ties either way, subnormal and overflowing halves, infinities and
+    NaNs (quiet and signalling, either sign) give Tensor.to's bits on every build."""
+    bits = [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x477FE000, 0x477FEFFF, 0x477FF000, 0x7F7FFFFF,
+            0x38800000, 0x387FFFFF, 0x33000000, 0x33000001, 0x32FFFFFF, 0x337FFFFF, 0x33C00000,
+            0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7FA00001, 0xFF812345, 0x00000001,
+            0x3DCCCCCD, 0xC2F6E979, 0x3FFFFFFF]
+    g = torch.Generator().manual_seed(9)
+    vals = torch.cat([torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32),
+                      torch.randn(1000, generator=g) * 10.0 ** torch.randint(-9, 6, (1000,),
+                                                                              generator=g)])
+    v = vals.reshape(1, 1, 1, -1)  # (B, Hkv, S = 1, Dv)
+    q, k = torch.ones(1, 2, 1, 16).to(dtype), torch.zeros(1, 1, 1, 16)
+    want = vals.to(dtype).view(torch.int16).reshape(1, 1, 1, -1).expand(1, 2, 1, -1)
+    for isa in build.runnable():
+        out, _, _ = build.load(isa).decode(q, k, v, None, None, None, 0.125, 0.0, 0, 0, False)
+        assert out.dtype == dtype and torch.equal(out.view(torch.int16), want), isa
+
+
 def tile_against_vector(monkeypatch, q, k, v, lo, hi, chunks=(0,)):
     """bfloat16 q (B, G·Hkv, L, D) and k, v (B, Hkv, S, D) through the decode op with the AMX tile
     unit's q·k (where the CPU has it) and with the vector path (ATTNLAB_DECODE_AMX=0), at each

@@ -1013,6 +1013,54 @@ void run_shared(const std::shared_ptr<Shared>& sp, int64_t T, float* out, float*
   }
 }
 
+// n floats into q's 16-bit dtype, bit for bit as Tensor.to gives them on this CPU (PyTorch's
+// vectorized conversions), so that a call's out costs no op of its own: bfloat16 rounded to
+// nearest even, a NaN as 0xffff; float16 by vcvtps2ph (nearest even; a NaN kept quiet with its
+// sign and top mantissa bits), by the same rule in integer arithmetic where the build has no F16C
+static void floats_to(const float* src, int dt, int64_t n, uint16_t* dst) {
+  if (dt == BF16) {
+    for (int64_t i = 0; i < n; ++i) {  // (vectorized by the compiler)
+      uint32_t u;
+      std::memcpy(&u, src + i, 4);
+      const uint16_t r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      dst[i] = src[i] != src[i] ? (uint16_t)0xffff : r;
+    }
+    return;
+  }
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+#else
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    uint32_t h;
+    if (a > 0x7f800000u) {  // NaN: quiet, its top mantissa bits
+      h = 0x7e00u | ((a >> 13) & 0x3ffu);
+    } else if (a >= 0x477ff000u) {  // rounds to >= 65520: inf
+      h = 0x7c00u;
+    } else if (a >= 0x38800000u) {  // normal: rebias, round to nearest even
+      const uint32_t m = a - 0x38000000u;
+      h = (m + 0xfffu + ((m >> 13) & 1u)) >> 13;
+    } else {  // subnormal or zero: the value in units of 2^-24, nearest even
+      const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+      const int sh = 126 - (int)e;  // 2^-24 units: mant · 2^(e - 150) / 2^-24
+      if (sh > 24) {
+        h = 0;
+      } else {
+        const uint32_t q = mant >> sh, rem = mant & ((1u << sh) - 1), half = 1u << (sh - 1);
+        h = q + (rem > half || (rem == half && (q & 1u)));
+      }
+    }
+    dst[i] = (uint16_t)(sign | h);
+  }
+#endif
+}
+
 int dtype_of(const Tensor& t, const char* name) {
   switch (t.scalar_type()) {
     case at::kFloat: return F32;
@@ -1107,11 +1155,13 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
   d.R = d.GH * d.L;
 
   const auto f32 = q.options().dtype(at::kFloat);
-  Tensor out = at::empty({d.B, d.H, d.L, d.Dv}, f32);  // (B, H, L, Dv): q's dtype at the end
-  Tensor lse = at::empty({d.B, d.H, d.L}, f32);         // (B, H, L)
-  float* po = out.data_ptr<float>();
+  Tensor out = at::empty({d.B, d.H, d.L, d.Dv}, q.options());  // (B, H, L, Dv) in q's dtype
+  Tensor lse = at::empty({d.B, d.H, d.L}, f32);                // (B, H, L)
+  std::vector<float> out16;  // a 16-bit q's out as floats, converted at the end (floats_to)
+  if (d.qdt != F32) out16.resize(out.numel());
+  float* po = d.qdt == F32 ? out.data_ptr<float>() : out16.data();
   float* pl = lse.data_ptr<float>();
-  if (d.B == 0 || d.H == 0 || d.L == 0) return {out.to(q.scalar_type()), lse, check};
+  if (d.B == 0 || d.H == 0 || d.L == 0) return {out, lse, check};
 
   // groups and their keys: the union of their rows' intervals, in chunks of `chunk` keys
   std::vector<Group> groups;
@@ -1176,8 +1226,10 @@ std::tuple<Tensor, Tensor, bool> decode(const Tensor& q, const Tensor& k, const 
   const int64_t helpers = std::min<int64_t>(
       {T, items, 1 + (int64_t)std::min(stream_ns(bytes / 4) / HELPER_NS, 1e9)});
   run_shared(sp, helpers, po, pl);
+  if (d.qdt != F32)
+    floats_to(po, d.qdt, out.numel(), static_cast<uint16_t*>(out.data_ptr()));
   const bool bad = sh.bad.load();
-  return {out.to(q.scalar_type()), lse, check && !bad};
+  return {out, lse, check && !bad};
 }
 
 }  // namespace attnlab_k
