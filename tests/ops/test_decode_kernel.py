@@ -8,6 +8,7 @@ The matrix is sampled (a fixed seed picks the cases); the largest caches are slo
 from __future__ import annotations
 
 import math
+import os
 import random
 import threading
 import time
@@ -193,6 +194,29 @@ def test_a_late_helper_never_releases_the_callers_tensors():
         torch.set_num_threads(before)
     assert len(where) == 300
     assert [t for t in where if t != main] == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task")
+                    or len(os.sched_getaffinity(0)) < 2, reason="Linux with 2 CPUs or more")
+def test_helpers_put_back_the_cpus_they_kept_off():
+    """A helper keeps off its caller's CPU while it computes (OffCpu, csrc/queue.h) and then puts
+    its CPU mask back: after many 2-thread calls every thread of the process (PyTorch's pool
+    threads serve other work too) may run on the CPUs the process may."""
+    cpus = os.sched_getaffinity(0)
+    q = torch.randn(1, 32, 1, 64)
+    k, v = (torch.randn(1, 8, 4096, 64) for _ in range(2))
+    w, x = torch.randn(1024, 1024), torch.randn(64, 1024)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for _ in range(40):
+            torch.nn.functional.linear(x, w)  # its OpenMP threads spin on the cores after it
+            attnlab.attention(q, k, v, enable_gqa=True, backend="decode")
+    finally:
+        torch.set_num_threads(before)
+    time.sleep(0.05)  # the last call's helper done
+    masks = {t: os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+    assert {t: m for t, m in masks.items() if m != cpus} == {}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -23,6 +23,7 @@
 #include <string>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -941,6 +942,7 @@ struct Shared {
     for (Tensor& t : hold) late().push_back(std::move(t));
   }
   std::thread::id caller = std::this_thread::get_id();
+  int cpu = caller_cpu();  // the caller's CPU when its call began, which helpers keep off
   Dec d;
   std::vector<Group> groups;
   std::vector<int64_t> owner;  // item -> its group
@@ -977,7 +979,9 @@ void run_one(Shared& s, int t, int64_t item, float* buf) {
 // machine); a helper started after every item finished does nothing
 void pull(Shared& s, int t) {
   std::vector<float> buf;
+  std::optional<OffCpu> away;  // a helper with an item: off the caller's CPU (OffCpu)
   auto run = [&](int64_t i) {
+    if (t > 0 && !away) away.emplace(s.cpu);
     if (buf.empty()) buf.resize(s.scratch + 16);  // once this thread has an item
     if (s.result[t].empty()) s.result[t].assign(s.n * s.each, 0.0f);  // its partials
     run_one(s, t, i, buf.data());
