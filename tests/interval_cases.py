@@ -3,7 +3,9 @@ interval-kernel tests): per-row key intervals of every mask kind, written out by
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -21,6 +23,31 @@ def isa_params():
 def need_compiler():
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler: the kernel cannot be built here")
+
+
+#: a helper keeps off its caller's CPU while it works (OffCpu, csrc/queue.h): Linux, 2 CPUs or more
+OFF_CPU = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task")
+    or len(os.sched_getaffinity(0)) < 2, reason="Linux with 2 CPUs or more")
+
+
+def masks_left_changed(calls) -> dict:
+    """The threads of this process whose CPU mask is not the process's after `calls` ran on two
+    threads (each a kernel call whose helpers kept off their caller's CPU): {tid: mask}. PyTorch's
+    pool threads serve other work too, so every helper puts its mask back."""
+    cpus = os.sched_getaffinity(0)
+    w, x = torch.randn(1024, 1024), torch.randn(64, 1024)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for _ in range(40):
+            torch.nn.functional.linear(x, w)  # its OpenMP threads spin on the cores after it
+            calls()
+    finally:
+        torch.set_num_threads(before)
+    time.sleep(0.05)  # the last call's helper done
+    masks = {t: os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+    return {t: m for t, m in masks.items() if m != cpus}
 
 
 def intervals(kind: str, B: int, L: int, S: int):

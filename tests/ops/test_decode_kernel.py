@@ -8,7 +8,6 @@ The matrix is sampled (a fixed seed picks the cases); the largest caches are slo
 from __future__ import annotations
 
 import math
-import os
 import random
 import threading
 import time
@@ -20,7 +19,7 @@ import torch
 import attnlab
 from attnlab import AttnlabError, masks
 from attnlab.ops.kernels import build
-from interval_cases import formula, isa_params, need_compiler
+from interval_cases import OFF_CPU, formula, isa_params, masks_left_changed, need_compiler
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SLACK = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
@@ -196,27 +195,14 @@ def test_a_late_helper_never_releases_the_callers_tensors():
     assert [t for t in where if t != main] == []
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task")
-                    or len(os.sched_getaffinity(0)) < 2, reason="Linux with 2 CPUs or more")
+@OFF_CPU
 def test_helpers_put_back_the_cpus_they_kept_off():
     """A helper keeps off its caller's CPU while it computes (OffCpu, csrc/queue.h) and then puts
-    its CPU mask back: after many 2-thread calls every thread of the process (PyTorch's pool
-    threads serve other work too) may run on the CPUs the process may."""
-    cpus = os.sched_getaffinity(0)
+    its CPU mask back: after many 2-thread calls no thread of the process is left restricted."""
     q = torch.randn(1, 32, 1, 64)
     k, v = (torch.randn(1, 8, 4096, 64) for _ in range(2))
-    w, x = torch.randn(1024, 1024), torch.randn(64, 1024)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        for _ in range(40):
-            torch.nn.functional.linear(x, w)  # its OpenMP threads spin on the cores after it
-            attnlab.attention(q, k, v, enable_gqa=True, backend="decode")
-    finally:
-        torch.set_num_threads(before)
-    time.sleep(0.05)  # the last call's helper done
-    masks = {t: os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
-    assert {t: m for t, m in masks.items() if m != cpus} == {}
+    assert masks_left_changed(
+        lambda: attnlab.attention(q, k, v, enable_gqa=True, backend="decode")) == {}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

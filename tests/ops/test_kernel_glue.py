@@ -10,7 +10,7 @@ import torch
 
 from attnlab.ops import nonfinite
 from attnlab.ops.kernels import build
-from interval_cases import isa_params, need_compiler
+from interval_cases import OFF_CPU, isa_params, masks_left_changed, need_compiler
 
 N = 3 * (1 << 16) + 21  # three work items and a tail that fills no SIMD register
 
@@ -74,3 +74,14 @@ def test_nonfinite_check_uses_the_loaded_kernel(monkeypatch):
     assert not nonfinite.all_finite(x)
     assert nonfinite.all_finite(x[..., :4])  # not contiguous: PyTorch's reduction
     assert not nonfinite.all_finite(x.double())
+
+
+@OFF_CPU
+def test_the_queues_helpers_put_back_the_cpus_they_kept_off():
+    """run_items' helpers (every pass of the kernel and its glue) keep off the caller's CPU while
+    they work and then put their CPU masks back, as the decode kernel's do."""
+    need_compiler()
+    ops = build.get(None)
+    assert ops is not None, build.status().reason
+    x = torch.randn(1 << 22)  # 16 MiB: helpers are woken
+    assert masks_left_changed(lambda: ops.all_finite(x)) == {}

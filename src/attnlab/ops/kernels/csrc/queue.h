@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #if defined(__linux__)
@@ -51,11 +52,13 @@ inline int caller_cpu() {
 
 // A helper keeps off its caller's CPU while it works (Linux; elsewhere nothing). Woken while no
 // CPU is idle (other processes, a niced build, PyTorch's OpenMP threads spinning after their
-// region), a helper is put on its waker's CPU and preempts the caller there: a 2-thread decode
-// step (GQA 32/8, D = 64, 4k) had its helper on the caller's CPU in 22 of 22 calls, the caller
-// off its CPU ~800 of ~1000 us while the helper computed the step alone. Off that CPU the helper
-// takes its share of the other CPUs' time instead. Its CPU mask is put back when it is done (the
-// pool's threads serve other work too).
+// region), a helper is put on its waker's CPU, where it preempts the caller or waits behind it:
+// a 2-thread decode step (GQA 32/8, D = 64, 4k, 2-vCPU VM beside niced builds) had its helper on
+// the caller's CPU in all 22 calls where it started in time, the caller off its CPU a median
+// 862 us of a 1082 us call while the helper computed the step alone; after torch.sum the helper
+// started a median 1.3 ms late, behind the caller. Off that CPU a helper takes its share of the
+// other CPUs' time instead. Its CPU mask is put back when it is done (PyTorch's pool threads
+// serve other work too). Both queues run it: the decode kernel's (decode.cpp) and run_items.
 class OffCpu {
  public:
   explicit OffCpu(int cpu) {
@@ -106,8 +109,11 @@ void run_items(const std::vector<int64_t>& order, size_t scratch, F f, double wo
   auto qu = std::make_shared<Queue>();
   qu->n = n;
   // order and f are touched only for a claimed item, and the caller outlives every claimed item
-  auto pull = [qu, &order, &f, scratch]() {
+  const int cpu = caller_cpu();
+  auto pull = [qu, &order, &f, scratch, cpu](bool helper) {
     if (qu->next.load() >= qu->n) return;
+    std::optional<OffCpu> away;  // a helper: off the caller's CPU (OffCpu)
+    if (helper) away.emplace(cpu);
     std::vector<float> buf(scratch + 16);
     for (int64_t i; (i = qu->next.fetch_add(1)) < qu->n;) {
       f(order[i], buf.data());
@@ -117,8 +123,8 @@ void run_items(const std::vector<int64_t>& order, size_t scratch, F f, double wo
       }
     }
   };
-  for (int64_t t = 1; t < T; ++t) at::launch(pull);
-  pull();
+  for (int64_t t = 1; t < T; ++t) at::launch([pull] { pull(true); });
+  pull(false);
   std::unique_lock<std::mutex> lk(qu->mu);
   qu->cv.wait(lk, [&] { return qu->done.load() >= n; });
 }
