@@ -143,7 +143,7 @@ def test_a_step_without_a_mask_is_the_kernels_op_alone(kw, dtype, monkeypatch):
     want = [_full(q, k[:, :, :n], v[:, :, :n], **kw) for n in lengths]
     attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, **kw)  # the plan
     (step,) = decode_steps._PLANS.values()
-    assert step.lean is not None
+    assert step.lean is not None and step.lean[0] is not None  # the op's C step
     ran = spy_backends(monkeypatch)
     monkeypatch.setattr(decode_steps, "_problem", None)  # a step builds no Problem
     got = [attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True, **kw)
@@ -225,3 +225,48 @@ def test_a_step_is_asked_before_the_probe(monkeypatch):
     got = attnlab.attention(q, k[:, :, :S0 + 3], v[:, :, :S0 + 3], enable_gqa=True)
     monkeypatch.undo()
     assert torch.equal(got, _full(q, k[:, :, :S0 + 3], v[:, :, :S0 + 3]))
+
+
+def test_a_step_under_a_mode_or_transform_calls_the_op():
+    """The C step is the kernel's alone: under a dispatch mode, a torch function mode or vmap it
+    declines, and a step calls the op through torch.ops as before, with the same answer."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Plain(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _cache()
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True)  # the plan
+    n = S0 + 2
+    want = attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True)
+    with Seen() as seen:
+        got = attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True)
+    assert torch.equal(got, want) and seen.ops  # (the op's own allocations seen)
+    with Plain():
+        assert torch.equal(attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True), want)
+    (step,) = decode_steps._PLANS.values()
+    fast = step.lean[0]
+    assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3])[0].equal(want)
+    with Seen():
+        assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3]) is None
+    with Plain():
+        assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3]) is None
+    under_vmap = []
+
+    def f(x):
+        under_vmap.append(fast(x, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3]))
+        return x
+
+    torch.vmap(f)(torch.stack([q, q]))
+    assert under_vmap == [None]

@@ -45,7 +45,8 @@ from attnlab.ops.kernels.isa import KernelUnavailable, chosen_isa, enabled, lack
 from attnlab.ops.kernels.toolchain import locked, ninja_on_path
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "probe.cpp", "serve.cpp")
+SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "decode_entry.cpp",
+           "probe.cpp", "serve.cpp")
 HEADERS = ("decode.h", "interval.h", "pool.h", "probe.h", "queue.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
@@ -217,14 +218,16 @@ def _dlopen(lib: Path) -> None:
     torch.ops.load_library(str(lib))
 
 
-def c_entry(symbol: str):
-    """The C function `symbol` of the build loaded in this process, called through ctypes with
-    the GIL held (`ctypes.PyDLL` of the very library `_dlopen` loaded: the same handle, nothing
-    loaded again), or None where no build is loaded or its file is gone (csrc/serve.cpp's
-    `attnlab_cheap_entry`)."""
+def c_entry(symbol: str, ops=None):
+    """The C function `symbol` of the build loaded in this process (of the build whose ops these
+    are, given `ops`), called through ctypes with the GIL held (`ctypes.PyDLL` of the very
+    library `_dlopen` loaded: the same handle, nothing loaded again), or None where no build is
+    loaded or its file is gone (csrc/serve.cpp's `attnlab_cheap_entry`, csrc/decode_entry.cpp's
+    `attnlab_decode_entry`)."""
     import ctypes
 
-    isa = next(iter(_LOADED), None) if enabled() else None
+    isa = next((i for i, o in _LOADED.items() if ops is None or o is ops), None) if enabled() \
+        else None
     if isa is None:
         return None
     try:  # RTLD_NOLOAD: only a library already loaded (gone from its folder since: None)

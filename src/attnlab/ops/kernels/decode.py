@@ -133,6 +133,31 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     return runner._shaped(out, (*rows, d.Dv)), runner._shaped(lse, rows)
 
 
+#: each build's C step (`step_entry`), by the id of its ops (held with it)
+_STEPS: dict = {}
+
+
+def step_entry(ops):
+    """step(query, key, value, scale, softcap) -> (out, lse, finite), or None where that call
+    would not be the kernel's alone (a tensor subclass, a torch function or dispatch mode, a
+    functorch transform): the op's decode(q, k, v, None, None, None, scale, softcap, 0, 0, True)
+    called as a CPython function of the build whose ops these are, without torch.ops' call
+    (`csrc/decode_entry.cpp`; 35-40 µs of a step once the kernel's sweep of the cache left that
+    code cold); None where the build has no such entry."""
+    got = _STEPS.get(id(ops))
+    if got is None:
+        import ctypes
+
+        from attnlab.ops.kernels import build
+
+        fn = build.c_entry("attnlab_decode_entry", ops)
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.py_object, []
+            fn = fn()
+        got = _STEPS[id(ops)] = (ops, fn)
+    return got[1]
+
+
 #: Problem.memo's entry for the kernel's ops where a caller knows them (`ops/decode_steps.py`:
 #: a step plan, under the kernel's switches); else `kernel._ops` looks the build up
 OPS = ("kernels.decode_ops", None)
