@@ -13,9 +13,7 @@
 //        functorch transform active (the caller then calls the op)
 #include <torch/csrc/python_headers.h>
 
-#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/record_function.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -24,6 +22,7 @@
 #include <tuple>
 
 #include "decode.h"
+#include "python_entry.h"
 
 namespace attnlab_k {
 namespace {
@@ -34,11 +33,8 @@ PyObject* step(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "step: 5 arguments (query, key, value, scale, softcap)");
     return nullptr;
   }
-  if (!THPVariable_CheckExact(a[0]) || !THPVariable_CheckExact(a[1]) ||
-      !THPVariable_CheckExact(a[2]) || at::impl::torch_function_mode_enabled() ||
-      c10::impl::dispatch_mode_enabled() ||
-      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
-    Py_RETURN_NONE;
+  // (a dispatch mode too: the op's call is dispatched, this one not)
+  if (!plain_call(a) || c10::impl::dispatch_mode_enabled()) Py_RETURN_NONE;
   const double scale = PyFloat_AsDouble(a[3]), softcap = PyFloat_AsDouble(a[4]);
   if (PyErr_Occurred()) return nullptr;
   const at::Tensor& q = THPVariable_Unpack(a[0]);

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "probe.h"
+#include "python_entry.h"
 
 namespace attnlab_k {
 namespace {
@@ -183,10 +184,7 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "serve: 10 arguments");
     return nullptr;
   }
-  if (!THPVariable_CheckExact(a[0]) || !THPVariable_CheckExact(a[1]) ||
-      !THPVariable_CheckExact(a[2]) || at::impl::torch_function_mode_enabled() ||
-      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
-    Py_RETURN_NONE;
+  if (!plain_call(a)) Py_RETURN_NONE;
   const at::Tensor& q = THPVariable_Unpack(a[0]);
   const at::Tensor& k = THPVariable_Unpack(a[1]);
   const at::Tensor& v = THPVariable_Unpack(a[2]);
