@@ -22,9 +22,11 @@ attnlab's fraction of the measured read bandwidth, × = SDPA time / attnlab time
 chose another backend, the decode kernel's own fraction (backend="decode") for comparison.
 Rows with more than one thread also time the same call on one thread in turn: "× 1 thread" =
 its time / the row's (at least 1.0: the threads are no slower than one), measured in the same
-moments, since a busy machine's load moves between rows. `--busy` adds rows with one competing
-process spinning on a core (one Python loop) during the timing: two threads must not be slower
-than one there.
+moments, since a busy machine's load moves between rows; the one-thread step first waits,
+untimed, until the process's other threads stop running, as a one-thread program has none
+(PyTorch's OpenMP threads spin for milliseconds after the two-thread steps' regions).
+`--busy` adds rows with one competing process spinning on a core (one Python loop) during the
+timing: two threads must not be slower than one there.
 
 `--grow N` times instead a decoding loop of N steps on one thread, its cache a slice of a
 preallocated one that grows by a key each step (as a model's KV cache: every step a new cache
@@ -42,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -105,21 +108,48 @@ def measure(c: Case, repeats: int, sdpa: bool) -> dict:
     if sdpa:
         ks, vs = cache()
         steps["sdpa"] = lambda: F.scaled_dot_product_attention(q, ks, vs, enable_gqa=True)
-    m = rotated_medians(steps, repeats)
+    m = rotated_medians(steps, repeats, before={"attnlab_1t": quiet_threads})
     m["ref"] = min(m["read"], m.get("read_q", m["read"]))  # the faster read: the bar
     return {**m, "backend": choice}
 
 
-def rotated_medians(steps: dict, repeats: int) -> dict:
+def rotated_medians(steps: dict, repeats: int, before: dict | None = None) -> dict:
     """Median seconds of each step, the steps timed in turn with the order rotated by one every
     repeat: each step follows each other as often (a step right after one that ran on PyTorch's
     OpenMP threads finds them still spinning on the cores, which slowed the kernel's own threads
-    there; SDPA and torch.sum run on OpenMP)."""
+    there; SDPA and torch.sum run on OpenMP). `before[name]` runs untimed before that step."""
     names = list(steps)
     per = [interleaved_medians({n: steps[n] for n in names[r % len(names):] +
-                                names[:r % len(names)]}, 1, warmup=int(r == 0))
+                                names[:r % len(names)]}, 1, warmup=int(r == 0), before=before)
            for r in range(repeats)]
     return {n: statistics.median(p[n] for p in per) for n in names}
+
+
+def quiet_threads(limit: float = 0.02) -> None:
+    """Waits, at most `limit` seconds, until no other thread of this process runs (Linux's
+    /proc; elsewhere returns at once): before the one-thread step, as a one-thread program has
+    no other threads. PyTorch's OpenMP threads spin ~4 ms after a region on the 2-vCPU Xeon, so
+    the one-thread step two steps after `torch.sum` shared a core with one: GQA 32/8, D = 64,
+    fp32, 4k-8k, it took up to 2.9x as long as after the wait in the same rotation (× 1 thread
+    2.51-3.48 against 1.10-1.73 in the rows where the wait was long, up to 4 ms)."""
+    me = threading.get_native_id()
+    end = time.perf_counter() + limit
+    try:
+        tasks = [t for t in os.listdir("/proc/self/task") if int(t) != me]
+    except OSError:
+        return
+    while time.perf_counter() < end:
+        running = False
+        for t in tasks:
+            try:
+                with open(f"/proc/self/task/{t}/stat", "rb") as f:
+                    running = f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+            except OSError:
+                continue  # a thread that ended
+            if running:
+                break
+        if not running:
+            return
 
 
 @contextlib.contextmanager

@@ -26,6 +26,16 @@ def test_a_tiny_run_prints_one_row_per_case(dec, capsys):
     assert "load" in out[0] and all(r.count("|") == 18 and "nan" not in r for r in rows)
 
 
+def test_two_thread_rows_time_one_thread_too(dec, capsys):
+    n = torch.get_num_threads()
+    assert dec.main(["--heads", "4/2", "--D", "16", "--S", "300", "--dtype", "fp32",
+                     "--threads", "2", "--repeats", "1"]) == 0
+    assert torch.get_num_threads() == n
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 2 |")]
+    assert len(rows) == 1 and float(rows[0].split("|")[15]) > 0  # × 1 thread
+    dec.quiet_threads(0.001)  # returns within its limit whatever runs
+
+
 @pytest.mark.skipif(not kernels.available(), reason="the compiled kernel")
 def test_a_tiny_growing_loop_prints_the_glue_per_step(dec, capsys):
     assert dec.main(["--grow", "3", "--heads", "4/2", "--D", "16", "--S", "300", "--dtype",

@@ -10,16 +10,21 @@ from collections.abc import Callable
 
 def interleaved_medians(steps: dict[str, Callable[[], object]], repeats: int, *,
                         warmup: int = 1, burst: int = 1,
-                        clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+                        clock: Callable[[], float] = time.perf_counter,
+                        before: dict[str, Callable[[], object]] | None = None
+                        ) -> dict[str, float]:
     """Median seconds per call of each step: `warmup` untimed calls of each first, then in each
     of `repeats` rounds every step runs `burst` calls in a row, timed together, the steps in
-    turn."""
+    turn; `before[name]`, where given, runs untimed right before that step's timing."""
+    before = before or {}
     for fn in steps.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, fn in steps.items():
+            if name in before:
+                before[name]()
             t0 = clock()
             for _ in range(burst):
                 fn()
