@@ -257,16 +257,46 @@ def test_a_step_under_a_mode_or_transform_calls_the_op():
         assert torch.equal(attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True), want)
     (step,) = decode_steps._PLANS.values()
     fast = step.lean[0]
-    assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3])[0].equal(want)
+    assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3], S0)[0].equal(want)
     with Seen():
-        assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3]) is None
+        assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3], S0) is None
     with Plain():
-        assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3]) is None
+        assert fast(q, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3], S0) is None
     under_vmap = []
 
     def f(x):
-        under_vmap.append(fast(x, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3]))
+        under_vmap.append(fast(x, k[:, :, :n], v[:, :, :n], step.lean[2], step.lean[3], S0))
         return x
 
     torch.vmap(f)(torch.stack([q, q]))
     assert under_vmap == [None]
+
+
+def test_the_signature_read_in_c_holds_all_but_the_cache_length():
+    """`decode.key_entry`'s key: the same at every cache length and key/value strides; another
+    for any other size, a query stride, a dtype, requires_grad or the grad mode; False for more
+    query rows than a decode step has; None where Python's signature decides (vmap, no
+    strides)."""
+    from attnlab.ops.kernels import decode
+
+    q, k, v = _cache(n=S0 + 8)
+    attnlab.attention(q, k, v, enable_gqa=True)  # the build loaded
+    key = decode.key_entry()
+    assert key is not None
+    base = key(q, k[:, :, :S0], v[:, :, :S0], 16)
+    assert type(base) is bytes
+    assert key(q, k, v[:, :, :S0 + 3], 16) == base  # lengths (even unequal: `find` checks)
+    assert key(q, k.transpose(1, 2).contiguous().transpose(1, 2), v, 16) == base  # strides
+    wide = torch.stack([q, q], -1)[..., 0]
+    others = [key(wide, k, v, 16), key(q, k[..., :8], v, 16), key(q, k, v[..., :8], 16),
+              key(q.double(), k, v, 16), key(q, k.double(), v, 16), key(q, k, v.double(), 16),
+              key(q.clone().requires_grad_(), k, v, 16), key(q, k, v.clone().requires_grad_(), 16),
+              key(q, k[:, :1], v[:, :1], 16), key(torch.cat([q, q]), k, v, 16)]
+    with torch.no_grad():
+        others.append(key(q, k, v, 16))
+    assert all(type(o) is bytes for o in others) and len({*others, base}) == len(others) + 1
+    assert key(q, k, v, 0) is False  # 1 query row > 0
+    assert key(q.to_sparse(), k, v, 16) is None
+    seen = []
+    torch.vmap(lambda x: seen.append(key(x, k, v, 16)) or x)(torch.stack([q, q]))
+    assert seen == [None]

@@ -54,7 +54,15 @@ class Step:
 
 _PLANS: OrderedDict = OrderedDict()
 _TENSOR = torch.Tensor
-_MIN_KEYS = decode.MIN_KEYS
+_MIN_KEYS, _MAX_ROWS = decode.MIN_KEYS, decode.MAX_ROWS
+#: the C signature of a build loaded in this process (`decode.key_entry`), once one is
+_KEY: list = [None]
+
+
+def _key():
+    """The C signature function, kept once a build is loaded (None before: Python's)."""
+    _KEY[0] = decode.key_entry()
+    return _KEY[0]
 
 
 def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
@@ -64,17 +72,25 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     None when the call has none (not three plain tensors, or unhashable)."""
     if not (type(query) is type(key) is type(value) is _TENSOR):
         return None, None
-    try:
-        qs, ks, vs = query.shape, key.shape, value.shape
-        if len(qs) < 2 or qs[-2] > decode.MAX_ROWS:  # not decode-shaped: no step plan
-            return None, None
-        sig = (qs, query.stride(), query.dtype, query.device, query.requires_grad,
-               ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
-               value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
-               enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(),
+    c_key = _KEY[0] or _key()
+    got = c_key(query, key, value, _MAX_ROWS) if c_key is not None else None
+    if got is False:  # not decode-shaped: no step plan
+        return None, None
+    if got is not None:  # the tensors' part in C: one call where ~20 attribute reads were
+        sig = (got, dropout_p, is_causal, scale, enable_gqa, id(mask), softcap, return_lse,
                *isa.switches())
-    except (RuntimeError, NotImplementedError):  # a tensor without strides (sparse, nested):
-        return None, None  # the full path says what is wrong
+    else:
+        try:
+            qs, ks, vs = query.shape, key.shape, value.shape
+            if len(qs) < 2 or qs[-2] > _MAX_ROWS:  # not decode-shaped: no step plan
+                return None, None
+            sig = (qs, query.stride(), query.dtype, query.device, query.requires_grad,
+                   ks[:-2], ks[-1:], key.dtype, key.device, key.requires_grad, vs[:-2], vs[-1:],
+                   value.dtype, value.device, value.requires_grad, dropout_p, is_causal, scale,
+                   enable_gqa, id(mask), softcap, return_lse, torch.is_grad_enabled(),
+                   *isa.switches())
+        except (RuntimeError, NotImplementedError):  # a tensor without strides (sparse,
+            return None, None  # nested): the full path says what is wrong
     try:
         step = _PLANS.get(sig)
     except TypeError:  # unhashable (a list as scale): the full path says what is wrong
@@ -84,15 +100,16 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     _PLANS.move_to_end(sig)
     lean = step.lean
     if lean is not None:  # no mask: the op's own (B, H, L, Dv), unless a row read is not finite
-        S = ks[-2]
-        if vs[-2] == S and S >= _MIN_KEYS and ks[0] == qs[0] == vs[0] and \
-                key.stride(-1) == 1 and value.stride(-1) == 1:
-            fast, op, scale_, softcap_ = lean  # the op as a C function, else through torch.ops
-            got = fast(query, key, value, scale_, softcap_) if fast is not None else None
-            out, lse, finite = got if got is not None else \
-                op(query, key, value, None, None, None, scale_, softcap_, 0, 0, True)
-            if finite:
-                return sig, ((out, lse) if return_lse else out)
+        fast, op, scale_, softcap_ = lean  # the op as a C function (its own checks of the step,
+        got = None if fast is None else fast(query, key, value, scale_, softcap_, _MIN_KEYS)
+        if got is None:  # those below), else through torch.ops
+            qs, ks, vs = query.shape, key.shape, value.shape
+            S = ks[-2]
+            if vs[-2] == S and S >= _MIN_KEYS and ks[0] == qs[0] == vs[0] and \
+                    key.stride(-1) == 1 and value.stride(-1) == 1:
+                got = op(query, key, value, None, None, None, scale_, softcap_, 0, 0, True)
+        if got is not None and got[2]:
+            return sig, ((got[0], got[1]) if return_lse else got[0])
     p = _problem(step, query, key, value, is_causal)
     if p is None or not decode.takes(p, return_lse):
         return sig, None

@@ -133,17 +133,12 @@ def forward(p: Problem, need_lse: bool = True, verify: bool = False):
     return runner._shaped(out, (*rows, d.Dv)), runner._shaped(lse, rows)
 
 
-#: each build's C step (`step_entry`), by the id of its ops (held with it)
+#: each build's C (step, key) (`csrc/decode_entry.cpp`), by the id of its ops (held with them)
 _STEPS: dict = {}
 
 
-def step_entry(ops):
-    """step(query, key, value, scale, softcap) -> (out, lse, finite), or None where that call
-    would not be the kernel's alone (a tensor subclass, a torch function or dispatch mode, a
-    functorch transform): the op's decode(q, k, v, None, None, None, scale, softcap, 0, 0, True)
-    called as a CPython function of the build whose ops these are, without torch.ops' call
-    (`csrc/decode_entry.cpp`; 35-40 µs of a step once the kernel's sweep of the cache left that
-    code cold); None where the build has no such entry."""
+def _entry(ops) -> tuple:
+    """The build's (step, key), or (None, None) where it has no such entry."""
     got = _STEPS.get(id(ops))
     if got is None:
         import ctypes
@@ -154,8 +149,28 @@ def step_entry(ops):
         if fn is not None:
             fn.restype, fn.argtypes = ctypes.py_object, []
             fn = fn()
-        got = _STEPS[id(ops)] = (ops, fn)
+        got = _STEPS[id(ops)] = (ops, fn or (None, None))
     return got[1]
+
+
+def key_entry():
+    """key(query, key, value, max_rows) -> bytes | False | None of a build loaded in this
+    process: a decode step's signature without its cache length, read in C (`decode_steps`'s
+    `find`), or None where no build is loaded."""
+    from attnlab.ops.kernels import build
+
+    ops = build.loaded()
+    return None if ops is None else _entry(ops)[1]
+
+
+def step_entry(ops):
+    """step(query, key, value, scale, softcap) -> (out, lse, finite), or None where that call
+    would not be the kernel's alone (a tensor subclass, a torch function or dispatch mode, a
+    functorch transform): the op's decode(q, k, v, None, None, None, scale, softcap, 0, 0, True)
+    called as a CPython function of the build whose ops these are, without torch.ops' call
+    (`csrc/decode_entry.cpp`; 35-40 µs of a step once the kernel's sweep of the cache left that
+    code cold); None where the build has no such entry."""
+    return _entry(ops)[0]
 
 
 #: Problem.memo's entry for the kernel's ops where a caller knows them (`ops/decode_steps.py`:

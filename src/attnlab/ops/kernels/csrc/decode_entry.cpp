@@ -6,19 +6,30 @@
 //
 // Not a torch op: a CPython function (METH_FASTCALL, called with the GIL held; the kernel runs
 // without it, as a torch op's call does) handed to Python by `attnlab_decode_entry` (ctypes):
-//   step(query, key, value, scale, softcap) -> (out, lse, finite): the op's
+//   key(query, key, value, max_rows) -> bytes: a decode step's signature without its cache
+//        length (ops/decode_steps.py's `find`): the query's dims, sizes, strides, dtype, device
+//        and requires_grad, the same of key and value but their cache length and strides, and
+//        the grad mode, read without the ~20 Python attribute calls that cost ~24 µs once the
+//        kernel's sweep had left them cold; False where the query has more than max_rows rows
+//        (not decode-shaped); None for a call `plain_tensors` does not take, or a tensor
+//        without strides (the Python signature then, as before)
+//   step(query, key, value, scale, softcap, min_keys) -> (out, lse, finite): the op's
 //        decode(q, k, v, None, None, None, scale, softcap, 0, 0, True), its errors as the op's
-//        (RuntimeError); or None where the op's call would not be the kernel's alone: an input
+//        (RuntimeError); or None where the op's call would not be the kernel's alone (an input
 //        that is not exactly a torch.Tensor, a torch function mode, a Python dispatch mode or a
-//        functorch transform active (the caller then calls the op)
+//        functorch transform active) or the call is not a step the op serves as it is (the
+//        caller then decides in Python)
 #include <torch/csrc/python_headers.h>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdint>
+#include <string>
 #include <tuple>
 
 #include "decode.h"
@@ -29,17 +40,25 @@ namespace {
 
 PyObject* step(PyObject*, PyObject* const* a, Py_ssize_t n) {
   HANDLE_TH_ERRORS
-  if (n != 5) {
-    PyErr_SetString(PyExc_TypeError, "step: 5 arguments (query, key, value, scale, softcap)");
+  if (n != 6) {
+    PyErr_SetString(PyExc_TypeError,
+                    "step: 6 arguments (query, key, value, scale, softcap, min_keys)");
     return nullptr;
   }
   // (a dispatch mode too: the op's call is dispatched, this one not)
   if (!plain_call(a) || c10::impl::dispatch_mode_enabled()) Py_RETURN_NONE;
   const double scale = PyFloat_AsDouble(a[3]), softcap = PyFloat_AsDouble(a[4]);
+  const long min_keys = PyLong_AsLong(a[5]);
   if (PyErr_Occurred()) return nullptr;
   const at::Tensor& q = THPVariable_Unpack(a[0]);
   const at::Tensor& k = THPVariable_Unpack(a[1]);
   const at::Tensor& v = THPVariable_Unpack(a[2]);
+  // a step the op serves as it is (ops/decode_steps.py's lean step): 4-d, key and value of one
+  // length, at least min_keys, one batch, unit stride along the head dims; else None
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.size(2) != v.size(2) ||
+      k.size(2) < min_keys || k.size(0) != q.size(0) || v.size(0) != q.size(0) ||
+      k.stride(3) != 1 || v.stride(3) != 1)
+    Py_RETURN_NONE;
   std::tuple<at::Tensor, at::Tensor, bool> got;
   {
     pybind11::gil_scoped_release no_gil;
@@ -67,11 +86,70 @@ PyObject* step(PyObject*, PyObject* const* a, Py_ssize_t n) {
   END_HANDLE_TH_ERRORS
 }
 
+template <class T>
+void put(std::string& s, T x) {
+  s.append(reinterpret_cast<const char*>(&x), sizeof x);
+}
+
+// a tensor's dtype, device and requires_grad
+void put_kind(std::string& s, const at::Tensor& t) {
+  put(s, (int8_t)t.scalar_type());
+  put(s, (int8_t)t.device().type());
+  put(s, (int8_t)t.device().index());
+  put(s, (int8_t)t.requires_grad());
+}
+
+PyObject* key(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  if (n != 4) {
+    PyErr_SetString(PyExc_TypeError, "key: 4 arguments (query, key, value, max_rows)");
+    return nullptr;
+  }
+  if (!plain_tensors(a)) Py_RETURN_NONE;  // (metadata only: the same under a mode)
+  const at::Tensor& q = THPVariable_Unpack(a[0]);
+  const at::Tensor& k = THPVariable_Unpack(a[1]);
+  const at::Tensor& v = THPVariable_Unpack(a[2]);
+  for (const at::Tensor* t : {&q, &k, &v})
+    if (t->layout() != at::kStrided || t->is_nested()) Py_RETURN_NONE;
+  const long max_rows = PyLong_AsLong(a[3]);
+  if (PyErr_Occurred()) return nullptr;
+  if (q.dim() < 2 || q.size(-2) > max_rows) Py_RETURN_FALSE;  // not decode-shaped
+  std::string s;
+  s.reserve(160);
+  put(s, (int8_t)q.dim());
+  for (int64_t i = 0; i < q.dim(); ++i) put(s, q.size(i)), put(s, q.stride(i));
+  put_kind(s, q);
+  for (const at::Tensor* t : {&k, &v}) {  // their shapes but the cache length, no strides
+    put(s, (int8_t)t->dim());
+    for (int64_t i = 0; i < t->dim(); ++i)
+      if (i != t->dim() - 2) put(s, t->size(i));
+    put_kind(s, *t);
+  }
+  put(s, (int8_t)at::GradMode::is_enabled());
+  return PyBytes_FromStringAndSize(s.data(), (Py_ssize_t)s.size());
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef kStep = {"step", (PyCFunction)(void (*)(void))step, METH_FASTCALL,
-                     "step(query, key, value, scale, softcap) -> (out, lse, finite) | None"};
+                     "step(query, key, value, scale, softcap, min_keys) -> (out, lse, finite) | None"};
+PyMethodDef kKey = {"key", (PyCFunction)(void (*)(void))key, METH_FASTCALL,
+                    "key(query, key, value, max_rows) -> bytes | False | None"};
 
 }  // namespace
 }  // namespace attnlab_k
 
-// this build's `step`, a new reference (called through ctypes' PyDLL, the GIL held)
-extern "C" PyObject* attnlab_decode_entry() { return PyCFunction_New(&attnlab_k::kStep, nullptr); }
+// this build's (step, key), a new reference (called through ctypes' PyDLL, the GIL held)
+extern "C" PyObject* attnlab_decode_entry() {
+  PyObject* fns = PyTuple_New(2);
+  if (!fns) return nullptr;
+  int i = 0;
+  for (PyMethodDef* m : {&attnlab_k::kStep, &attnlab_k::kKey}) {
+    PyObject* f = PyCFunction_New(m, nullptr);
+    if (!f) {
+      Py_DECREF(fns);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(fns, i++, f);
+  }
+  return fns;
+}

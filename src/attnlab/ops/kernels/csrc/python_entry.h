@@ -1,6 +1,7 @@
 // What the C entries called from Python (serve.cpp, decode_entry.cpp) take on themselves: a
 // call whose first three arguments are exactly torch.Tensor (no subclass), with no torch function
-// mode and no functorch transform active; any other call they hand back to the Python path.
+// mode and no functorch transform active (a signature read in C: no functorch transform); any
+// other call they hand back to the Python path.
 #pragma once
 #include <torch/csrc/python_headers.h>
 
@@ -10,11 +11,17 @@
 
 namespace attnlab_k {
 
-inline bool plain_call(PyObject* const* a) {
+// three exact tensors, no functorch transform (whose wrappers' sizes are not the call's)
+inline bool plain_tensors(PyObject* const* a) {
   return THPVariable_CheckExact(a[0]) && THPVariable_CheckExact(a[1]) &&
-         THPVariable_CheckExact(a[2]) && !at::impl::torch_function_mode_enabled() &&
+         THPVariable_CheckExact(a[2]) &&
          !c10::impl::tls_is_dispatch_key_included(
              c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+}
+
+// ... and no torch function mode (which must see the call)
+inline bool plain_call(PyObject* const* a) {
+  return plain_tensors(a) && !at::impl::torch_function_mode_enabled();
 }
 
 }  // namespace attnlab_k
