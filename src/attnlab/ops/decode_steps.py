@@ -100,9 +100,9 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     _PLANS.move_to_end(sig)
     lean = step.lean
     if lean is not None:  # no mask: the op's own (B, H, L, Dv), unless a row read is not finite
-        fast, op, scale_, softcap_ = lean  # the op as a C function (its own checks of the step,
+        fast, op, scale_, softcap_ = lean  # the op as a C function, which checks the step
         got = None if fast is None else fast(query, key, value, scale_, softcap_, _MIN_KEYS)
-        if got is None:  # those below), else through torch.ops
+        if got is None:  # declined (a mode must see the op) or no C step: torch.ops, same checks
             qs, ks, vs = query.shape, key.shape, value.shape
             S = ks[-2]
             if vs[-2] == S and S >= _MIN_KEYS and ks[0] == qs[0] == vs[0] and \

@@ -164,9 +164,11 @@ def key_entry():
 
 
 def step_entry(ops):
-    """step(query, key, value, scale, softcap) -> (out, lse, finite), or None where that call
-    would not be the kernel's alone (a tensor subclass, a torch function or dispatch mode, a
-    functorch transform): the op's decode(q, k, v, None, None, None, scale, softcap, 0, 0, True)
+    """step(query, key, value, scale, softcap, min_keys) -> (out, lse, finite), or None where
+    that call would not be the kernel's alone (a tensor subclass, a torch function or dispatch
+    mode, a functorch transform) or is not a step the op serves as it is (4-D, key and value of
+    one length >= min_keys, one batch, unit stride along D): the op's
+    decode(q, k, v, None, None, None, scale, softcap, 0, 0, True)
     called as a CPython function of the build whose ops these are, without torch.ops' call
     (`csrc/decode_entry.cpp`; 35-40 µs of a step once the kernel's sweep of the cache left that
     code cold); None where the build has no such entry."""
