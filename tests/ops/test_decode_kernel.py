@@ -396,18 +396,14 @@ def test_auto_takes_decode_shaped_calls_and_says_so():
         c = attnlab.select_backend(q, k, v, enable_gqa=True, **kw)
         assert c.backend == "decode", (kw, c)
         assert "decode kernel" in c.reason and "4 query heads" in c.reason
-    mha = attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
-    assert mha.backend == "sdpa"  # no grouped heads and nothing SDPA cannot say: its kernel
-    picks = {}
-    for S in (16384, 16383):  # K+V 64 MiB and just under: a cache read from memory, or not
-        big = torch.zeros(1, 1, 1, 64).expand(1, 8, S, 64)  # shapes only: nothing is computed
-        picks[S] = attnlab.select_backend(q, big, big)
-    assert picks[16384].backend == "decode" and "a 64 MiB cache" in picks[16384].reason
-    assert picks[16383].backend == "sdpa"
-    for D, want in ((64, "sdpa"), (128, "decode")):  # a bf16 cache of 64 MiB: SDPA's below D 128
-        big = torch.zeros(1, 1, 1, D, dtype=torch.bfloat16).expand(1, 8, (32 << 20) // (16 * D), D)
-        qb = torch.zeros(1, 8, 1, D, dtype=torch.bfloat16)
-        assert attnlab.select_backend(qb, big, big).backend == want, D
+    # no grouped heads and nothing SDPA cannot say: SDPA's kernel below 4096 keys, the decode
+    # kernel's from there
+    for D, dtype in ((64, torch.float32), (128, torch.bfloat16)):
+        qm = torch.zeros(1, 8, 1, D, dtype=dtype)
+        big = torch.zeros(1, 1, 1, D, dtype=dtype).expand(1, 8, 4096, D)  # nothing is computed
+        pick = attnlab.select_backend(qm, big, big)
+        assert pick.backend == "decode" and "from 4096 keys" in pick.reason, (D, pick)
+        assert attnlab.select_backend(qm, big[:, :, 1:], big[:, :, 1:]).backend == "sdpa", D
     ragged = masks.padding(key_lengths=[4096])
     assert attnlab.select_backend(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
                                   mask=ragged).backend == "decode"

@@ -154,6 +154,35 @@ def test_a_step_without_a_mask_is_the_kernels_op_alone(kw, dtype, monkeypatch):
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_one_head_per_kv_head_step_takes_the_kernel_from_autos_bytes_on(dtype, monkeypatch):
+    """A plain one-head-per-kv-head cache is "auto"'s decode kernel's from MHA_MIN_KEYS on
+    (SDPA's below): a plan kept at or above it serves the steps above it with the op alone and
+    leaves those below it to the full path, which gives them SDPA."""
+    from attnlab.ops.kernels import decode
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 1, 16, generator=g).to(dtype)  # 2 query heads on 2 kv heads
+    k, v = (torch.randn(1, 2, S0 + 64, 16, generator=g).to(dtype) for _ in range(2))
+    least = S0 + 20
+    monkeypatch.setattr(decode, "MHA_MIN_KEYS", least)
+    assert attnlab.select_backend(q, k[:, :, :least - 1], v[:, :, :least - 1]).backend == "sdpa"
+    assert attnlab.select_backend(q, k[:, :, :least], v[:, :, :least]).backend == "decode"
+    lengths = (least, least + 1, least + 30, least - 1, least + 2)
+    want = [_full(q, k[:, :, :n], v[:, :, :n]) for n in lengths]
+    ran = spy_backends(monkeypatch)
+    got = []
+    for n in lengths:
+        got.append(attnlab.attention(q, k[:, :, :n], v[:, :, :n]))
+        if n == least:  # the first step keeps the plan
+            (step,) = decode_steps._PLANS.values()
+            assert step.lean is not None and step.lean[4] == least
+    assert ran == ["decode", "sdpa"]  # the plan's first step; the one below `least`
+    assert len(decode_steps._PLANS) == 1
+    for g_, w in zip(got, want):
+        assert g_.dtype == w.dtype and torch.equal(g_, w)
+
+
 def _no_lean(q, k, v, **kw):
     """The plan kept for this call serves its steps through a Problem, not the op alone."""
     attnlab.attention(q, k, v, enable_gqa=True, **kw)

@@ -48,13 +48,13 @@ class Step:
     memo: dict
     mask: object  # held so that its identity, part of the signature, stays its own
     #: a step the kernel's op serves as it is (`_lean`): (its C step or None, the op, scale,
-    #: softcap), else None
+    #: softcap, the fewest keys "auto" gives it the decode kernel), else None
     lean: tuple | None = None
 
 
 _PLANS: OrderedDict = OrderedDict()
 _TENSOR = torch.Tensor
-_MIN_KEYS, _MAX_ROWS = decode.MIN_KEYS, decode.MAX_ROWS
+_MAX_ROWS = decode.MAX_ROWS
 #: the C signature of a build loaded in this process (`decode.key_entry`), once one is
 _KEY: list = [None]
 
@@ -100,12 +100,12 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
     _PLANS.move_to_end(sig)
     lean = step.lean
     if lean is not None:  # no mask: the op's own (B, H, L, Dv), unless a row read is not finite
-        fast, op, scale_, softcap_ = lean  # the op as a C function, which checks the step
-        got = None if fast is None else fast(query, key, value, scale_, softcap_, _MIN_KEYS)
+        fast, op, scale_, softcap_, least = lean  # the op as a C function: it checks the step
+        got = None if fast is None else fast(query, key, value, scale_, softcap_, least)
         if got is None:  # declined (a mode must see the op) or no C step: torch.ops, same checks
             qs, ks, vs = query.shape, key.shape, value.shape
             S = ks[-2]
-            if vs[-2] == S and S >= _MIN_KEYS and ks[0] == qs[0] == vs[0] and \
+            if vs[-2] == S and least <= S and ks[0] == qs[0] == vs[0] and \
                     key.stride(-1) == 1 and value.stride(-1) == 1:
                 got = op(query, key, value, None, None, None, scale_, softcap_, 0, 0, True)
         if got is not None and got[2]:
@@ -172,23 +172,22 @@ def keep(sig, p: Problem, mask, need_lse: bool = False, is_causal: bool = False)
 
 
 def _lean(p: Problem, need_lse: bool, ops) -> tuple | None:
-    """(C step, op, scale, softcap) where a step at any S >= MIN_KEYS with unit stride along D
-    is the kernel's op on the call's own tensors, exactly as `decode.checked` runs it while
-    every row it reads is finite (the op as a C function, `decode.step_entry`, where the build
-    has it): no mask (every row attends the whole cache: no intervals; a call given a mask or
-    is_causal has none here, since a mask that leaves every key at this S, which the Problem
-    then drops, may not at the next), no ALiBi, 4-D inputs (a step whose key/value batch is
-    broadcast, as the Problem's is here, takes `_problem`), a contiguous query, no gradient (the
-    interval kernel's then), and "auto" giving it the decode kernel at every such S (grouped
-    query heads or what SDPA cannot say; a plain one-head-per-kv-head call is "auto"'s by its
-    bytes); else None (`_problem` and `decode.checked` each step)."""
+    """(C step, op, scale, softcap, least) where a step at any S >= least (`decode.min_keys`:
+    where "auto" gives the decode kernel) with unit stride along D is the kernel's op on the
+    call's own tensors, exactly as `decode.checked` runs it while every row it reads is finite
+    (the op as a C function, `decode.step_entry`, where the build has it): no mask (every row
+    attends the whole cache: no intervals; a call given a mask or is_causal has none here, since
+    a mask that leaves every key at this S, which the Problem then drops, may not at the next),
+    no ALiBi, 4-D inputs (a step whose key/value batch is broadcast, as the Problem's is here,
+    takes `_problem`), a contiguous query, no gradient (the interval kernel's then); else None
+    (`_problem` and `decode.checked` each step)."""
     d, q, k, v = p.dims, p.query, p.key, p.value  # (the key/value batch broadcast)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if ops is None or p.structured is not None or p.alibi_slopes is not None or d.ndim != 4 or \
-            not q.is_contiguous() or grad or q.numel() == 0 or v.shape[-1] == 0 or \
-            decode._plain_mha(p, need_lse):
+            not q.is_contiguous() or grad or q.numel() == 0 or v.shape[-1] == 0:
         return None
-    return decode.step_entry(ops), cheap._raw(ops.decode), float(p.scale), float(p.softcap or 0.0)
+    return (decode.step_entry(ops), cheap._raw(ops.decode), float(p.scale),
+            float(p.softcap or 0.0), decode.min_keys(p, need_lse))
 
 
 def clear() -> None:

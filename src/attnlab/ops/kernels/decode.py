@@ -36,17 +36,15 @@ MAX_ROWS = 16
 #: keys from which "auto" takes the decode kernel over SDPA's and the interval kernel
 #: (`benchmarks/decode.py`); a forced backend="decode" runs any number of keys
 MIN_KEYS = 256
-#: K+V bytes from which "auto" takes the decode kernel for a plain call with one query head per
-#: key/value head (no mask or SDPA's own causal, no modifier, no lse), which SDPA runs as well:
-#: a cache that streams from memory, where the decode kernel read 82-113% of the read bandwidth
-#: measured in the same run and SDPA 61-103% (`benchmarks/decode.py`, 8/8 heads, D 64/128,
-#: fp32/bf16, 32k-64k keys, one thread). A smaller cache sits in the last-level cache, where
-#: SDPA's kernel was as fast or faster (bf16 at 4k-8k keys: 59-63% against 61-76%)
-MHA_MIN_BYTES = 64 << 20
-#: ... except a 16-bit cache with a head dim below this, which SDPA's kernel read faster even from
-#: memory (bf16, 8/8 heads, D = 64, 32k-64k keys: the decode kernel at 0.8-0.9x SDPA's speed in
-#: two runs, one thread; D = 128: 1.2-1.5x)
-MHA_MIN_LOW_PRECISION_D = 128
+#: keys from which "auto" takes the decode kernel for a plain call with one query head per
+#: key/value head (no mask or SDPA's own causal, no modifier, no lse), which SDPA runs as well
+#: (`benchmarks/decode.py --heads 8/8 --D 64 128 --S 1024 2048 4096 8192 32768 65536 --dtype
+#: fp32 bf16 --threads 1 2 --busy`, five runs): from 4096 keys the decode kernel read as much of
+#: the read bandwidth measured in the same run as SDPA's kernel or more in 69 of 80 one-thread
+#: cases (bf16 65-103% against 55-87%; fp32 D = 128, the closest, 84-101% against 81-105%), 65
+#: of 80 with a busy process, 61 and 75 of 80 on two threads; below, SDPA's kernel read more in
+#: 37 of 40 one-thread cases
+MHA_MIN_KEYS = 4096
 
 
 def why_not(p: Problem, need_lse: bool = False) -> str | None:
@@ -59,11 +57,10 @@ def takes(p: Problem, need_lse: bool = False) -> bool:
     """"auto" runs this call on the decode kernel: a few query rows, a long enough cache, the
     kernel can run it, and SDPA cannot do as well: grouped query heads (SDPA reads each key/value
     head once per query head), what SDPA does not express (a structured mask other than
-    top-left causal, softcap/ALiBi, the lse), or a cache of at least MHA_MIN_BYTES (read from
-    memory, where the decode kernel reads faster; 16-bit caches from a head dim of
-    MHA_MIN_LOW_PRECISION_D). A smaller plain call with one query head per
-    key/value head is SDPA's. (Forced, the decode kernel runs any number of rows, exactly but
-    not fast.)"""
+    top-left causal, softcap/ALiBi, the lse), or a cache of at least MHA_MIN_KEYS keys (which
+    the decode kernel reads as fast as SDPA's kernel or faster). A shorter plain call with one
+    query head per key/value head is SDPA's. (Forced, the decode kernel runs any number of rows,
+    exactly but not fast.)"""
     if p.dims.L > MAX_ROWS or p.dims.S < MIN_KEYS:
         return False
     if _plain_mha(p, need_lse) and not _streams_faster(p):
@@ -73,20 +70,21 @@ def takes(p: Problem, need_lse: bool = False) -> bool:
 
 def _streams_faster(p: Problem) -> bool:
     """A plain one-head-per-kv-head cache the decode kernel reads faster than SDPA's: at least
-    MHA_MIN_BYTES, and for a 16-bit cache a head dim of at least MHA_MIN_LOW_PRECISION_D."""
-    low = p.key.element_size() < 4
-    return cache_bytes(p) >= MHA_MIN_BYTES and not (low and p.dims.D < MHA_MIN_LOW_PRECISION_D)
+    MHA_MIN_KEYS keys."""
+    return p.dims.S >= MHA_MIN_KEYS
+
+
+def min_keys(p: Problem, need_lse: bool = False) -> int:
+    """The fewest keys from which `takes` gives a call of p's shape but its cache length the
+    decode kernel (its other answers as p's): MIN_KEYS, MHA_MIN_KEYS for a plain
+    one-head-per-kv-head call."""
+    return MHA_MIN_KEYS if _plain_mha(p, need_lse) else MIN_KEYS
 
 
 def _plain_mha(p: Problem, need_lse: bool) -> bool:
     """One query head per key/value head, and nothing SDPA cannot say itself."""
     sdpa_says_it = p.structured is None or p.is_plain_causal
     return p.dims.groups == 1 and sdpa_says_it and not p.has_modifiers and not need_lse
-
-
-def cache_bytes(p: Problem) -> int:
-    """The bytes of K and V one step reads."""
-    return p.key.numel() * p.key.element_size() + p.value.numel() * p.value.element_size()
 
 
 def reason(p: Problem, need_lse: bool, isa: str) -> str:
@@ -97,9 +95,8 @@ def reason(p: Problem, need_lse: bool, isa: str) -> str:
     if d.groups > 1:
         return f"{head} for the {d.groups} query heads that share it, split over the keys"
     if _plain_mha(p, need_lse):
-        return (f"{head}, split over the keys: a {cache_bytes(p) >> 20} MiB cache (>= "
-                f"{MHA_MIN_BYTES >> 20} MiB) streams from memory, where it reads faster than "
-                "SDPA's kernel")
+        return (f"{head}, split over the keys: from {MHA_MIN_KEYS} keys it reads the cache as "
+                "fast as SDPA's kernel or faster")
     return f"{head}, split over the keys, with what SDPA's kernel cannot express"
 
 
