@@ -20,9 +20,10 @@ Files: isa.py (on or off, the CPU's ISAs, the chosen one), build.py (flags, cach
 toolchain.py (ninja, the build lock), gate.py (checks, layouts), kernel.py (the three layers),
 csrc/ (the C++: vec.h the SIMD vocabulary, tiles.h the micro-kernels, fwd.cpp, bwd.cpp,
 weights.cpp the rows of exact weights, ops.cpp the ops and the glue's reductions, queue.h their
-work queue, pool.h the cache of large freed buffers, probe.cpp the cheap path's signature and
-NaN/Inf check of a small call in one op, serve.cpp the cheap path's plans of SDPA calls served in
-one C call from Python, `ops/cheap.py`).
+work queue, decode.cpp the decode kernel, helpers.h its own helper threads, pool.h the cache of
+large freed buffers, probe.cpp the cheap path's signature and NaN/Inf check of a small call in one
+op, serve.cpp the cheap path's plans of SDPA calls served in one C call from Python,
+`ops/cheap.py`).
 
 Supported: float32, float16 and bfloat16 inputs (converted to float32 at the gate, accumulated in
 float32; out in q's dtype, lse float32); CPU tensors of any strides: read in place when each

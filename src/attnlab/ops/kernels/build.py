@@ -47,8 +47,8 @@ from attnlab.ops.kernels.toolchain import locked, ninja_on_path
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "decode_entry.cpp",
            "probe.cpp", "serve.cpp")
-HEADERS = ("decode.h", "interval.h", "pool.h", "probe.h", "python_entry.h", "queue.h", "tiles.h",
-           "vec.h")
+HEADERS = ("decode.h", "helpers.h", "interval.h", "pool.h", "probe.h", "python_entry.h", "queue.h",
+           "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
     "avx512": [*_X86, "-mavx2", "-mfma", "-mf16c", "-DATTNLAB_AVX512"],

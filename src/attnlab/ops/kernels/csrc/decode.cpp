@@ -34,6 +34,7 @@
 #include <unistd.h>
 #endif
 
+#include "helpers.h"
 #include "interval.h"
 #include "queue.h"
 #include "tiles.h"
@@ -1002,7 +1003,7 @@ void run_shared(const std::shared_ptr<Shared>& sp, int64_t T, float* out, float*
   Shared& s = *sp;
   s.result.resize(T);
   s.result[0].assign(s.n * s.each, 0.0f);  // the caller's partials (it recomputes into them)
-  for (int64_t t = 1; t < T; ++t) at::launch([sp, t] { pull(*sp, (int)t); });
+  for (int64_t t = 1; t < T; ++t) Helpers::post([sp, t] { pull(*sp, (int)t); }, (int)T - 1);
   pull(s, 0);
   std::vector<float> buf(s.scratch + 16);
   for (int64_t i = 0; i < s.n; ++i)
