@@ -13,6 +13,8 @@ import torch
 import attnlab
 from attnlab import AttnlabError, masks
 from attnlab.ops import cheap, decode_steps, kernels
+from attnlab.ops.kernels import build, isa
+from interval_cases import isa_params
 
 from helpers import spy_backends
 
@@ -194,8 +196,10 @@ def test_what_a_step_without_a_mask_may_not_skip_keeps_the_full_step():
     q, k, v = _cache(B=2)  # (a broadcast key/value batch: the cat test's steps)
     assert _no_lean(torch.stack([q, q], -1)[..., 0], k, v)  # a strided query
     decode_steps.clear()
-    # a mask, even one that leaves one row every key (its Problem has none at this S)
-    assert _no_lean(q[:, :, :1], k, v, mask=masks.causal("bottom_right"))
+    # a mask, even one that leaves every key at this S (its Problem has none): two rows
+    assert _no_lean(torch.cat([q, q], 2), k, v, mask=masks.causal("bottom_right"))
+    decode_steps.clear()
+    assert _no_lean(q, k, v, mask=masks.causal())  # top-left: one key for one row
     decode_steps.clear()
     assert _no_lean(q, k, v, mask=masks.window(left=2 * S0 + 8, right=None,
                                                align="bottom_right"))
@@ -203,6 +207,27 @@ def test_what_a_step_without_a_mask_may_not_skip_keeps_the_full_step():
     assert _no_lean(q[0], k[0], v[0])  # 3-D
     decode_steps.clear()
     assert _no_lean(q.requires_grad_(), k, v)  # a gradient: the interval kernel's
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_under_a_bottom_right_causal_mask_is_the_kernels_op_alone(dtype, monkeypatch):
+    """A decoding step's own mask (transformers', `attnlab.nn`'s): its one row sees every key at
+    every S, so its plan serves steps as one without a mask does (in C, for that mask object
+    only), the full path's answer bit for bit."""
+    q, k, v = _cache(dtype=dtype)
+    m = masks.causal("bottom_right")
+    lengths = (S0 + 1, S0 + 7)
+    want = [_full(q, k[:, :, :n], v[:, :, :n], mask=m) for n in lengths]
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, mask=m)  # the plan
+    (step,) = decode_steps._PLANS.values()
+    assert step.lean is not None
+    for n, w in zip(lengths, want):
+        assert torch.equal(_serve(q, k[:, :, :n], v[:, :, :n], mask=m), w)
+        assert _serve(q, k[:, :, :n], v[:, :, :n], mask=masks.causal("bottom_right")) is None
+        assert _serve(q, k[:, :, :n], v[:, :, :n]) is None
+    monkeypatch.setattr(decode_steps, "find", None)  # served in C
+    assert torch.equal(attnlab.attention(q, k[:, :, :S0 + 1], v[:, :, :S0 + 1], enable_gqa=True,
+                                         mask=m), want[0])
 
 
 def test_a_step_whose_cache_is_strided_along_d_gives_the_full_paths_answer():
@@ -329,3 +354,170 @@ def test_the_signature_read_in_c_holds_all_but_the_cache_length():
     seen = []
     torch.vmap(lambda x: seen.append(key(x, k, v, 16)) or x)(torch.stack([q, q]))
     assert seen == [None]
+
+# The C table (csrc/decode_serve.cpp, `decode_steps.serve`): a step of a plan without a mask is
+# served in one C call, bit for bit the kept build's op, and only for a call that `find` would give
+# the very same plan: another switch value, scalar, mask object, grad mode or requires_grad
+# misses; a mode, a transform or a row not finite hands the call back; the table holds no input
+# and keeps at most its bound, the least recently served dropped.
+
+
+def _serve(q, k, v, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=True, mask=None,
+           softcap=None, return_lse=False):
+    """The C table's answer for this call (None: not served)."""
+    assert decode_steps.serve is not None  # installed by the first plan kept
+    return decode_steps.serve(q, k, v, dropout_p, is_causal, scale, enable_gqa, mask, softcap,
+                              return_lse)
+
+
+@pytest.mark.parametrize("which", isa_params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kw", [{}, {"softcap": 3.0}, {"return_lse": True}, {"scale": -0.3}])
+def test_a_step_is_served_in_c_by_the_kept_builds_op(which, dtype, kw, monkeypatch):
+    """Each ISA build's plan: later steps never reach Python's lookup, and give that build's op
+    bit for bit (out, and lse with return_lse)."""
+    monkeypatch.setenv("ATTNLAB_KERNEL_ISA", which)
+    ops = build.load(which)
+    q, k, v = _cache(n=S0 + 9, dtype=dtype)
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, **kw)  # the plan
+    monkeypatch.setattr(decode_steps, "find", None)  # a step must not reach Python's lookup
+    monkeypatch.setattr(cheap, "serve", None)
+    scale = kw.get("scale", 16 ** -0.5)
+    for n in (S0 + 1, S0 + 9):
+        got = attnlab.attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True, **kw)
+        out, lse, finite = ops.decode(q, k[:, :, :n], v[:, :, :n], None, None, None, scale,
+                                      kw.get("softcap", 0.0), 0, 0, True)
+        assert finite
+        if kw.get("return_lse"):
+            assert type(got) is tuple and torch.equal(got[0], out) and torch.equal(got[1], lse)
+        else:
+            assert got.dtype == dtype and torch.equal(got, out)
+
+
+def _kept(**kw):
+    """A plan without a mask kept (C table), and the inputs of a later step it serves."""
+    q, k, v = _cache()
+    attnlab.attention(q, k[:, :, :S0], v[:, :, :S0], enable_gqa=True, **kw)
+    k, v = k[:, :, :S0 + 5], v[:, :, :S0 + 5]
+    got = _serve(q, k, v, **kw)
+    assert type(got) is torch.Tensor
+    return q, k, v
+
+
+@pytest.mark.parametrize("other", [
+    {"scale": 0.3}, {"scale": 1}, {"softcap": 2.0}, {"return_lse": True}, {"is_causal": True},
+    {"mask": masks.causal("bottom_right")}, {"dropout_p": 0.1}, {"enable_gqa": 1}])
+def test_a_call_with_other_scalars_or_a_mask_object_misses(other):
+    q, k, v = _kept(scale=0.25, softcap=4.0)
+    base = {"scale": 0.25, "softcap": 4.0}
+    assert _serve(q, k, v, **{**base, **other}) is None
+    assert type(_serve(q, k, v, **base)) is torch.Tensor
+
+
+def test_another_mask_object_misses_and_the_table_holds_no_input():
+    """A plan keyed on a mask object is served for that object only, which it holds (its address
+    stays its own); the table never holds a step's tensors."""
+    q, k, v = _kept()
+    refs = [weakref.ref(x) for x in (q, k, v)]
+    m, other = masks.causal("bottom_right"), masks.causal("bottom_right")
+    key = decode_steps._KEY[0](q, k, v, 16)
+    (step,) = decode_steps._PLANS.values()
+    keep = decode_steps._C[0][1]
+    assert keep(key, 0.0, False, None, True, m, None, False, *isa.switches(), step.lean[0],
+                *step.lean[2:5])
+    assert type(_serve(q, k, v, mask=m)) is torch.Tensor
+    assert _serve(q, k, v, mask=other) is None
+    held = weakref.ref(m)
+    del m, q, k, v
+    gc.collect()
+    assert held() is not None and all(r() is None for r in refs)
+    decode_steps.clear()
+    gc.collect()
+    assert held() is None
+
+
+@pytest.mark.parametrize("switch", ["ATTNLAB_KERNEL_ISA", "ATTNLAB_KERNEL"])
+def test_a_switch_flip_misses(switch, monkeypatch):
+    q, k, v = _kept()
+    monkeypatch.setenv(switch, "scalar" if switch == "ATTNLAB_KERNEL_ISA" else "1")
+    assert _serve(q, k, v) is None
+    monkeypatch.delenv(switch)
+    assert type(_serve(q, k, v)) is torch.Tensor
+
+
+def test_the_grad_mode_and_requires_grad_miss():
+    q, k, v = _kept()
+    with torch.no_grad():
+        assert _serve(q, k, v) is None
+        attnlab.attention(q, k, v, enable_gqa=True)  # its own plan
+        assert type(_serve(q, k, v)) is torch.Tensor
+    assert type(_serve(q, k, v)) is torch.Tensor
+    assert _serve(q.clone().requires_grad_(), k, v) is None
+    assert _serve(q, k, v.clone().requires_grad_()) is None
+
+
+def test_other_shapes_strides_and_short_caches_miss_or_decline():
+    q, k, v = _kept()
+    assert _serve(q.double(), k, v) is None  # another signature
+    assert _serve(torch.cat([q, q], 1), k, v) is None
+    assert _serve(torch.stack([q, q], -1)[..., 0], k, v) is None  # a strided query
+    assert _serve(q, k[:, :, :S0 - 1], v[:, :, :S0 - 1]) is None  # < MIN_KEYS: the step declines
+    assert _serve(q, k, v[:, :, :-1]) is None  # lengths differ
+    wide = torch.randn(1, 2, k.shape[2], 32)
+    assert _serve(q, wide[..., ::2], v) is None  # no unit stride along D
+    assert _serve(q.to_sparse(), k, v) is None
+
+
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_a_row_not_finite_is_handed_back(where):
+    q, k, v = _kept()
+    x = {"query": q, "key": k, "value": v}[where]
+    x[0, 1, 0, 3] = float("nan")
+    assert _serve(q, k, v) is None
+    got = attnlab.attention(q, k, v, enable_gqa=True)
+    decode_steps.clear()
+    want = attnlab.attention(q, k, v, enable_gqa=True)  # the full path
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and bool(torch.isnan(got).any())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+def test_a_mode_or_transform_is_handed_back():
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Plain(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _kept()
+    with Seen():
+        assert _serve(q, k, v) is None
+    with Plain():
+        assert _serve(q, k, v) is None
+    seen = []
+    torch.vmap(lambda x: seen.append(_serve(x, k, v)) or x)(torch.stack([q, q]))
+    assert seen == [None]
+
+
+def test_the_table_keeps_its_bound_dropping_the_least_recently_served():
+    def install(most):
+        build.c_functions("attnlab_decode_serve_entry", isa.ENV, isa.KERNEL_KEY, isa.ISA_KEY,
+                          decode_steps._MAX_ROWS, most)
+
+    steps = [_kept(scale=s) for s in (0.1, 0.2)]  # A, B (installs the table)
+    try:
+        install(2)
+        decode_steps.clear()
+        for s in (0.1, 0.2):
+            _kept(scale=s)
+        assert type(_serve(*steps[0], scale=0.1)) is torch.Tensor  # A served: B the oldest
+        _kept(scale=0.3)  # C: one plan too many
+        assert _serve(*steps[1], scale=0.2) is None
+        assert type(_serve(*steps[0], scale=0.1)) is torch.Tensor
+        assert type(_serve(*steps[0], scale=0.3)) is torch.Tensor
+    finally:
+        install(decode_steps.MAX_PLANS)

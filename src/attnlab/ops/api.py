@@ -108,6 +108,11 @@ def attention(
     sig = None
     if backend == "auto" and attn_mask is None and alibi_slopes is None and score_mod is None \
             and sinks is None:  # the cheap path: a signature seen before (`ops/cheap.py`)
+        if decode_steps.serve is not None:  # a decode step served whole in C
+            got = decode_steps.serve(query, key, value, dropout_p, is_causal, scale, enable_gqa,
+                                     mask, softcap, return_lse)
+            if got is not None:
+                return got
         got = cheap.serve(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask,
                           softcap, return_lse)  # the output where a C plan served the call
         if type(got) is _TENSOR:

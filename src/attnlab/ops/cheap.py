@@ -38,7 +38,6 @@ only a call that validated is kept. At most MAX_PLANS signatures are kept, the o
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import math
@@ -283,14 +282,13 @@ def _entry():
     """The loaded build's (serve, keep, clear) (csrc/serve.cpp), installed once (`serve` is
     then the C one), or None where no build is loaded."""
     if not _C:
-        fn = build.c_entry("attnlab_cheap_entry")
-        if fn is None:
-            return None
         from attnlab.ops import sdpa
 
-        fn.restype = ctypes.py_object
-        fn.argtypes = [ctypes.py_object] * 4 + [ctypes.c_longlong] * 2
-        _C.append(fn(sdpa._twice, _ENV, _KERNEL, _ISA, PRE_MAX, MAX_PLANS))
+        fns = build.c_functions("attnlab_cheap_entry", sdpa._twice, _ENV, _KERNEL, _ISA, PRE_MAX,
+                                MAX_PLANS)
+        if fns is None:
+            return None
+        _C.append(fns)
         global serve
         serve = _C[0][0]
     return _C[0]

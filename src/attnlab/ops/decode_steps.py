@@ -20,6 +20,14 @@ choice (`decode.takes`, which is "auto"'s answer for a call of this signature: a
 keys, and the bytes of a plain one-head-per-kv-head cache); a step it does not give the decode
 kernel takes the full path. The step then runs as `dispatch.run` runs the decode backend
 (its `checked`: the kernel checks what it reads; NaN/Inf cleaned and poisoned by the rules).
+
+A plan without a mask whose signature was read in C (its step: the kernel's op alone, `_lean`) is
+also kept in the kernel's C table (csrc/decode_serve.cpp), which `attention` asks first (`serve`):
+one C call that reads the S-free signature, finds the plan under it, the call's scalars, its mask
+object and the kernel's switches exactly as `find` keys them, and runs the plan's build's C step,
+returning its output where every row it read was finite; any other call, and one that reads a
+row not finite, comes back None and takes the path above. It holds at most MAX_PLANS plans, the
+least recently served dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from collections import OrderedDict
 import torch
 
 from attnlab.errors import AttnlabError
+from attnlab.masks.positional import Causal
 from attnlab.ops import cheap
 from attnlab.ops.backends import REGISTRY
 from attnlab.ops.kernels import build, decode, isa
@@ -57,6 +66,11 @@ _TENSOR = torch.Tensor
 _MAX_ROWS = decode.MAX_ROWS
 #: the C signature of a build loaded in this process (`decode.key_entry`), once one is
 _KEY: list = [None]
+#: serve(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softcap, return_lse)
+#: -> out (or (out, lse)) of a step served whole in C (csrc/decode_serve.cpp), else None; None
+#: until a plan is kept there (`_table`)
+serve = None
+_C: list = []  # the table's (serve, keep, clear), once installed
 
 
 def _key():
@@ -165,10 +179,23 @@ def keep(sig, p: Problem, mask, need_lse: bool = False, is_causal: bool = False)
     ops = build.get()  # the build these switches choose
     if ops is not None:
         memo[decode.OPS] = ops
-    lean = None if mask is not None or is_causal else _lean(p, need_lse, memo.get(decode.OPS))
+    lean = None if is_causal or not _every_key(mask, p.dims.L) else \
+        _lean(p, need_lse, memo.get(decode.OPS))
     _PLANS[sig] = Step(template, memo, mask, lean)
+    if lean is not None and lean[0] is not None and type(sig[0]) is bytes and _table():
+        # served whole in C from the next step: its S-free signature in C, the scalars as given
+        # (those it cannot key on exactly stay here), the mask object, the switches of `sig`
+        _C[0][1](sig[0], *sig[1:5], mask, *sig[6:10], lean[0], lean[2], lean[3], lean[4])
     while len(_PLANS) > MAX_PLANS:
         _PLANS.popitem(last=False)
+
+
+def _every_key(mask, L: int) -> bool:
+    """The mask leaves the step's rows every key at every cache length S: none, or a bottom-right
+    causal mask over one query row (its row sees keys j <= S - 1, `Causal.simplified`: the one
+    mask of a decoding step, transformers' and `attnlab.nn`'s). Any other mask, even one that
+    leaves every key at the plan's S (its Problem then has none), may not at the next."""
+    return mask is None or (type(mask) is Causal and mask.align == "bottom_right" and L == 1)
 
 
 def _lean(p: Problem, need_lse: bool, ops) -> tuple | None:
@@ -176,11 +203,10 @@ def _lean(p: Problem, need_lse: bool, ops) -> tuple | None:
     where "auto" gives the decode kernel) with unit stride along D is the kernel's op on the
     call's own tensors, exactly as `decode.checked` runs it while every row it reads is finite
     (the op as a C function, `decode.step_entry`, where the build has it): no mask (every row
-    attends the whole cache: no intervals; a call given a mask or is_causal has none here, since
-    a mask that leaves every key at this S, which the Problem then drops, may not at the next),
-    no ALiBi, 4-D inputs (a step whose key/value batch is broadcast, as the Problem's is here,
-    takes `_problem`), a contiguous query, no gradient (the interval kernel's then); else None
-    (`_problem` and `decode.checked` each step)."""
+    attends the whole cache: no intervals; a call given is_causal or a mask other than
+    `_every_key`'s has none here), no ALiBi, 4-D inputs (a step whose key/value batch is
+    broadcast, as the Problem's is here, takes `_problem`), a contiguous query, no gradient (the
+    interval kernel's then); else None (`_problem` and `decode.checked` each step)."""
     d, q, k, v = p.dims, p.query, p.key, p.value  # (the key/value batch broadcast)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if ops is None or p.structured is not None or p.alibi_slopes is not None or d.ndim != 4 or \
@@ -190,6 +216,20 @@ def _lean(p: Problem, need_lse: bool, ops) -> tuple | None:
             float(p.softcap or 0.0), decode.min_keys(p, need_lse))
 
 
+def _table() -> tuple | None:
+    """The C table's (serve, keep, clear) (csrc/decode_serve.cpp), of the build loaded first,
+    installed once (`serve` is then its serve; a plan holds its own build's step), or None
+    where no build is loaded."""
+    fns = _C[0] if _C else build.c_functions("attnlab_decode_serve_entry", isa.ENV,
+                                             isa.KERNEL_KEY, isa.ISA_KEY, _MAX_ROWS, MAX_PLANS)
+    if fns is not None and not _C:
+        _C.append(fns)
+        globals()["serve"] = fns[0]
+    return fns
+
+
 def clear() -> None:
-    """Forget every step plan (tests)."""
+    """Forget every step plan, in C too (tests)."""
     _PLANS.clear()
+    if _C:
+        _C[0][2]()

@@ -46,9 +46,9 @@ from attnlab.ops.kernels.toolchain import locked, ninja_on_path
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "fwd.cpp", "bwd.cpp", "weights.cpp", "decode.cpp", "decode_entry.cpp",
-           "probe.cpp", "serve.cpp")
-HEADERS = ("decode.h", "helpers.h", "interval.h", "pool.h", "probe.h", "python_entry.h", "queue.h",
-           "tiles.h", "vec.h")
+           "decode_serve.cpp", "probe.cpp", "serve.cpp")
+HEADERS = ("decode.h", "decode_entry.h", "helpers.h", "interval.h", "plan_key.h", "pool.h",
+           "probe.h", "python_entry.h", "queue.h", "tiles.h", "vec.h")
 _X86 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
 ISA_FLAGS = {
     "avx512": [*_X86, "-mavx2", "-mfma", "-mf16c", "-DATTNLAB_AVX512"],
@@ -224,7 +224,7 @@ def c_entry(symbol: str, ops=None):
     are, given `ops`), called through ctypes with the GIL held (`ctypes.PyDLL` of the very
     library `_dlopen` loaded: the same handle, nothing loaded again), or None where no build is
     loaded or its file is gone (csrc/serve.cpp's `attnlab_cheap_entry`, csrc/decode_entry.cpp's
-    `attnlab_decode_entry`)."""
+    `attnlab_decode_entry`, csrc/decode_serve.cpp's `attnlab_decode_serve_entry`)."""
     import ctypes
 
     isa = next((i for i, o in _LOADED.items() if ops is None or o is ops), None) if enabled() \
@@ -235,6 +235,20 @@ def c_entry(symbol: str, ops=None):
         return getattr(ctypes.PyDLL(str(_from_path(isa)), mode=os.RTLD_NOLOAD), symbol)
     except (OSError, AttributeError):
         return None
+
+
+def c_functions(symbol: str, *args, ops=None) -> tuple | None:
+    """The CPython functions the C entry `symbol` hands out (`c_entry`: of the loaded build, or
+    of the build whose ops these are), called once with `args` (Python objects, then ints as
+    C long longs), or None where no build is loaded."""
+    import ctypes
+
+    fn = c_entry(symbol, ops)
+    if fn is None:
+        return None
+    fn.restype = ctypes.py_object
+    fn.argtypes = [ctypes.c_longlong if type(a) is int else ctypes.py_object for a in args]
+    return fn(*args)
 
 
 def _ops(ns: str):

@@ -138,14 +138,9 @@ def _entry(ops) -> tuple:
     """The build's (step, key), or (None, None) where it has no such entry."""
     got = _STEPS.get(id(ops))
     if got is None:
-        import ctypes
-
         from attnlab.ops.kernels import build
 
-        fn = build.c_entry("attnlab_decode_entry", ops)
-        if fn is not None:
-            fn.restype, fn.argtypes = ctypes.py_object, []
-            fn = fn()
+        fn = build.c_functions("attnlab_decode_entry", ops=ops)
         got = _STEPS[id(ops)] = (ops, fn or (None, None))
     return got[1]
 

@@ -33,9 +33,42 @@
 #include <tuple>
 
 #include "decode.h"
+#include "decode_entry.h"
+#include "plan_key.h"
 #include "python_entry.h"
 
 namespace attnlab_k {
+namespace {
+
+// a tensor's dtype, device and requires_grad
+void put_kind(std::string& s, const at::Tensor& t) {
+  put_bits(s, (int8_t)t.scalar_type());
+  put_bits(s, (int8_t)t.device().type());
+  put_bits(s, (int8_t)t.device().index());
+  put_bits(s, (int8_t)t.requires_grad());
+}
+
+}  // namespace
+
+int step_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long max_rows,
+             std::string& s) {
+  for (const at::Tensor* t : {&q, &k, &v})
+    if (t->layout() != at::kStrided || t->is_nested()) return -1;
+  if (q.dim() < 2 || q.size(-2) > max_rows) return 0;
+  s.reserve(s.size() + 160);
+  put_bits(s, (int8_t)q.dim());
+  for (int64_t i = 0; i < q.dim(); ++i) put_bits(s, q.size(i)), put_bits(s, q.stride(i));
+  put_kind(s, q);
+  for (const at::Tensor* t : {&k, &v}) {  // their shapes but the cache length, no strides
+    put_bits(s, (int8_t)t->dim());
+    for (int64_t i = 0; i < t->dim(); ++i)
+      if (i != t->dim() - 2) put_bits(s, t->size(i));
+    put_kind(s, *t);
+  }
+  put_bits(s, (int8_t)at::GradMode::is_enabled());
+  return 1;
+}
+
 namespace {
 
 PyObject* step(PyObject*, PyObject* const* a, Py_ssize_t n) {
@@ -86,19 +119,6 @@ PyObject* step(PyObject*, PyObject* const* a, Py_ssize_t n) {
   END_HANDLE_TH_ERRORS
 }
 
-template <class T>
-void put(std::string& s, T x) {
-  s.append(reinterpret_cast<const char*>(&x), sizeof x);
-}
-
-// a tensor's dtype, device and requires_grad
-void put_kind(std::string& s, const at::Tensor& t) {
-  put(s, (int8_t)t.scalar_type());
-  put(s, (int8_t)t.device().type());
-  put(s, (int8_t)t.device().index());
-  put(s, (int8_t)t.requires_grad());
-}
-
 PyObject* key(PyObject*, PyObject* const* a, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   if (n != 4) {
@@ -106,50 +126,28 @@ PyObject* key(PyObject*, PyObject* const* a, Py_ssize_t n) {
     return nullptr;
   }
   if (!plain_tensors(a)) Py_RETURN_NONE;  // (metadata only: the same under a mode)
-  const at::Tensor& q = THPVariable_Unpack(a[0]);
-  const at::Tensor& k = THPVariable_Unpack(a[1]);
-  const at::Tensor& v = THPVariable_Unpack(a[2]);
-  for (const at::Tensor* t : {&q, &k, &v})
-    if (t->layout() != at::kStrided || t->is_nested()) Py_RETURN_NONE;
   const long max_rows = PyLong_AsLong(a[3]);
   if (PyErr_Occurred()) return nullptr;
-  if (q.dim() < 2 || q.size(-2) > max_rows) Py_RETURN_FALSE;  // not decode-shaped
   std::string s;
-  s.reserve(160);
-  put(s, (int8_t)q.dim());
-  for (int64_t i = 0; i < q.dim(); ++i) put(s, q.size(i)), put(s, q.stride(i));
-  put_kind(s, q);
-  for (const at::Tensor* t : {&k, &v}) {  // their shapes but the cache length, no strides
-    put(s, (int8_t)t->dim());
-    for (int64_t i = 0; i < t->dim(); ++i)
-      if (i != t->dim() - 2) put(s, t->size(i));
-    put_kind(s, *t);
-  }
-  put(s, (int8_t)at::GradMode::is_enabled());
+  const int got = step_key(THPVariable_Unpack(a[0]), THPVariable_Unpack(a[1]),
+                           THPVariable_Unpack(a[2]), max_rows, s);
+  if (got < 0) Py_RETURN_NONE;
+  if (got == 0) Py_RETURN_FALSE;  // not decode-shaped
   return PyBytes_FromStringAndSize(s.data(), (Py_ssize_t)s.size());
   END_HANDLE_TH_ERRORS
 }
 
-PyMethodDef kStep = {"step", (PyCFunction)(void (*)(void))step, METH_FASTCALL,
-                     "step(query, key, value, scale, softcap, min_keys) -> (out, lse, finite) | None"};
-PyMethodDef kKey = {"key", (PyCFunction)(void (*)(void))key, METH_FASTCALL,
-                    "key(query, key, value, max_rows) -> bytes | False | None"};
+PyMethodDef kMethods[] = {
+    {"step", (PyCFunction)(void (*)(void))step, METH_FASTCALL,
+     "step(query, key, value, scale, softcap, min_keys) -> (out, lse, finite) | None"},
+    {"key", (PyCFunction)(void (*)(void))key, METH_FASTCALL,
+     "key(query, key, value, max_rows) -> bytes | False | None"},
+};
 
 }  // namespace
 }  // namespace attnlab_k
 
 // this build's (step, key), a new reference (called through ctypes' PyDLL, the GIL held)
 extern "C" PyObject* attnlab_decode_entry() {
-  PyObject* fns = PyTuple_New(2);
-  if (!fns) return nullptr;
-  int i = 0;
-  for (PyMethodDef* m : {&attnlab_k::kStep, &attnlab_k::kKey}) {
-    PyObject* f = PyCFunction_New(m, nullptr);
-    if (!f) {
-      Py_DECREF(fns);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(fns, i++, f);
-  }
-  return fns;
+  return attnlab_k::functions(attnlab_k::kMethods, 2);
 }

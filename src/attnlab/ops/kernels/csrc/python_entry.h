@@ -24,4 +24,20 @@ inline bool plain_call(PyObject* const* a) {
   return plain_tensors(a) && !at::impl::torch_function_mode_enabled();
 }
 
+// a tuple of n new CPython functions, one for each of defs[0..n) (an entry's handout), or nullptr
+// with an error set
+inline PyObject* functions(PyMethodDef* defs, int n) {
+  PyObject* fns = PyTuple_New(n);
+  if (!fns) return nullptr;
+  for (int i = 0; i < n; ++i) {
+    PyObject* f = PyCFunction_New(&defs[i], nullptr);
+    if (!f) {
+      Py_DECREF(fns);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(fns, i, f);
+  }
+  return fns;
+}
+
 }  // namespace attnlab_k

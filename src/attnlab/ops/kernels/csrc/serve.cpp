@@ -51,6 +51,7 @@
 
 #include "probe.h"
 #include "python_entry.h"
+#include "plan_key.h"
 
 namespace attnlab_k {
 namespace {
@@ -95,59 +96,13 @@ void forget(std::unordered_map<std::string, Plan>::iterator it) {
   st.plans.erase(it);
 }
 
-// the scalars a plan is served for, appended to the probe's string; false for any others (the
-// Python path keys on them exactly: those calls stay there)
+// the scalars a plan is served for, appended to the probe's string (`scalars_key`, without a
+// softcap or the lse); false for any others (the Python path keys on them exactly: those calls
+// stay there)
 bool key_of(std::string& s, PyObject* dropout_p, PyObject* is_causal, PyObject* scale,
             PyObject* gqa, PyObject* mask, PyObject* softcap, PyObject* lse) {
-  const bool no_dropout = (PyFloat_CheckExact(dropout_p) && PyFloat_AS_DOUBLE(dropout_p) == 0.0) ||
-                          (PyLong_CheckExact(dropout_p) && PyObject_Not(dropout_p) == 1);
-  if (!no_dropout || (is_causal != Py_True && is_causal != Py_False) ||
-      (gqa != Py_True && gqa != Py_False) || (scale != Py_None && !PyFloat_CheckExact(scale)) ||
-      softcap != Py_None || lse != Py_False)
-    return false;
-  s.push_back(is_causal == Py_True ? 'c' : '-');
-  s.push_back(gqa == Py_True ? 'g' : '-');
-  if (scale == Py_None) {
-    s.push_back('d');
-  } else {
-    const double x = PyFloat_AS_DOUBLE(scale);
-    char bits[sizeof x];
-    std::memcpy(bits, &x, sizeof x);
-    s.push_back('s');
-    s.append(bits, sizeof x);
-  }
-  const uintptr_t m = mask == Py_None ? 0 : (uintptr_t)mask;
-  char bits[sizeof m];
-  std::memcpy(bits, &m, sizeof m);
-  s.append(bits, sizeof m);
-  return true;
-}
-
-// the switch's value now (a new reference; nullptr: unset), or an error set
-PyObject* env_value(PyObject* name, bool* failed) {
-  *failed = false;
-  if (PyDict_CheckExact(st.env)) {  // os.environ's own dict (POSIX)
-    PyObject* v = PyDict_GetItemWithError(st.env, name);
-    *failed = v == nullptr && PyErr_Occurred();
-    Py_XINCREF(v);
-    return v;
-  }
-  PyObject* v = PyObject_GetItem(st.env, name);  // os.environ itself: a new object each time
-  if (v == nullptr) {
-    if (PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
-    else *failed = true;
-  }
-  return v;
-}
-
-// 1 the value is the one kept, 0 not, -1 an error set
-int same(PyObject* kept, PyObject* name) {
-  bool failed;
-  THPObjectPtr now(env_value(name, &failed));
-  if (failed) return -1;
-  if (now.get() == kept) return 1;
-  if (!now || kept == nullptr) return 0;
-  return PyObject_RichCompareBool(now.get(), kept, Py_EQ);
+  return softcap == Py_None && lse == Py_False &&
+         scalars_key(s, dropout_p, is_causal, scale, gqa, mask, softcap, lse);
 }
 
 // The second order of SDPA's flash node (ops/sdpa.py's `flash`): in a backward asked to build a
@@ -213,8 +168,8 @@ PyObject* serve(PyObject*, PyObject* const* a, Py_ssize_t n) {
            checked[i]->scalar_type() != at::kHalf) ||
           !checked[i]->is_contiguous() || !checked[i]->device().is_cpu())
         return verdict(-1);  // (its other checks: the Python plan's)
-  const int k_same = same(it->second.kernel, st.kernel_key);
-  const int i_same = k_same == 1 ? same(it->second.isa, st.isa_key) : k_same;
+  const int k_same = same_switch(st.env, it->second.kernel, st.kernel_key);
+  const int i_same = k_same == 1 ? same_switch(st.env, it->second.isa, st.isa_key) : k_same;
   if (i_same < 0) return nullptr;
   if (i_same == 0) return verdict(-1);
   const Plan p = it->second;  // copied: the table may change while the GIL is released
@@ -349,15 +304,5 @@ extern "C" PyObject* attnlab_cheap_entry(PyObject* twice, PyObject* env, PyObjec
   st.isa_key = isa_key;
   st.pre_max = pre_max;
   st.most = most > 0 ? (size_t)most : 1;
-  PyObject* fns = PyTuple_New(3);
-  if (!fns) return nullptr;
-  for (int i = 0; i < 3; ++i) {
-    PyObject* f = PyCFunction_New(&attnlab_k::kMethods[i], nullptr);
-    if (!f) {
-      Py_DECREF(fns);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(fns, i, f);
-  }
-  return fns;
+  return attnlab_k::functions(attnlab_k::kMethods, 3);
 }
