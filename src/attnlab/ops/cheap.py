@@ -22,7 +22,8 @@ checks each input itself. Elsewhere (the kernel off or not built, a tensor subcl
 signature is a Python tuple and plans run `run_sdpa`.
 
 Where the kernel is loaded, a plan under the probe's verdict that runs SDPA as it is is also kept
-in the kernel's C table (csrc/serve.cpp), and `attention` asks it first (`serve`): one C call
+in the kernel's C table (csrc/serve.cpp), and `attention` asks it first (`serve`; only the decode
+steps' own C table, `decode_steps.serve`, before it): one C call
 that probes, finds the plan (the probe's string and the scalars it serves: is_causal,
 enable_gqa, scale, dropout_p 0, no softcap, no lse, the mask object and the kernel's switches),
 checks the inputs (under 'U', contiguous float32/bfloat16/float16 ones only, after the kernel,
