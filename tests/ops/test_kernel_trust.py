@@ -78,6 +78,22 @@ def test_a_build_is_private_and_its_hash_recorded(fake):
     assert fake.opened == [fake.payload]
 
 
+def test_a_cache_home_not_made_yet_is_made(monkeypatch, tmp_path):
+    """A home without ~/.cache (a container's user, pip run with --no-cache-dir): the folders
+    above the cache root are made too, and the kernel builds and loads."""
+    for name in ("_LOADED", "_FAILED"):
+        monkeypatch.setattr(build, name, {})
+    monkeypatch.setattr(build, "_WARNED", set())
+    monkeypatch.delenv("ATTNLAB_CACHE_DIR", raising=False)
+    home = tmp_path / "home" / ".cache"  # neither exists yet
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    f = Fake(monkeypatch)
+    ops, warned = f.load()
+    assert ops == "ops" and warned == [] and f.compiled == 1 and f.opened == [f.payload]
+    assert build.cache_base() == home / "attnlab" and f.lib.exists()
+    assert mode(home) == 0o700 and mode(build.cache_base()) == 0o700
+
+
 def test_files_and_folder_are_synced_before_the_rename(monkeypatch, tmp_path):
     events = []
     monkeypatch.setattr(trust, "fsync", lambda p: events.append(("fsync", Path(p).name)))

@@ -119,9 +119,11 @@ def fsync(path) -> None:
 
 
 def private_dirs(path, root) -> None:
-    """Create `path` and its missing parents down from `root`'s parent, each mode 0700."""
+    """Create `path` and its missing parents, each mode 0700: those above `root` too (a home
+    without ~/.cache, an $XDG_CACHE_HOME not made yet), which are not the cache's to check."""
     path, root = Path(path), Path(root)
-    for p in [*reversed([q for q in path.parents if q == root or root in q.parents]), path]:
+    for p in [*reversed([q for q in path.parents if q == root or q in root.parents or
+                         root in q.parents]), path]:
         if not p.exists():
             with contextlib.suppress(FileExistsError):  # another process's: checked later
                 p.mkdir(mode=0o700)
