@@ -5,6 +5,7 @@ errors and its NaN/Inf rules; a plan holds no input and follows the kernel's swi
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 
 import pytest
@@ -439,9 +440,14 @@ def test_another_mask_object_misses_and_the_table_holds_no_input():
 @pytest.mark.parametrize("switch", ["ATTNLAB_KERNEL_ISA", "ATTNLAB_KERNEL"])
 def test_a_switch_flip_misses(switch, monkeypatch):
     q, k, v = _kept()
-    monkeypatch.setenv(switch, "scalar" if switch == "ATTNLAB_KERNEL_ISA" else "1")
+    was = os.environ.get(switch)  # the value the plan was kept under (a run may set the ISA)
+    flipped = "0" if switch == "ATTNLAB_KERNEL" else ("avx2" if was == "scalar" else "scalar")
+    monkeypatch.setenv(switch, flipped)
     assert _serve(q, k, v) is None
-    monkeypatch.delenv(switch)
+    if was is None:
+        monkeypatch.delenv(switch)
+    else:
+        monkeypatch.setenv(switch, was)
     assert type(_serve(q, k, v)) is torch.Tensor
 
 
