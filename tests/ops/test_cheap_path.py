@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import weakref
 
 import pytest
@@ -383,9 +384,13 @@ def test_a_c_plan_follows_the_kernels_switches(monkeypatch):
     q, k, v = _qkv()
     attnlab.attention(q, k, v)
     assert type(_served(q, k, v)) is torch.Tensor
-    monkeypatch.setenv("ATTNLAB_KERNEL_ISA", "scalar")  # another switch value: another signature
-    assert type(_served(q, k, v)) is str
-    monkeypatch.delenv("ATTNLAB_KERNEL_ISA")
+    was = os.environ.get("ATTNLAB_KERNEL_ISA")  # the value kept with the plan (a run may set it)
+    monkeypatch.setenv("ATTNLAB_KERNEL_ISA", "avx2" if was == "scalar" else "scalar")
+    assert type(_served(q, k, v)) is str  # another switch value: another signature
+    if was is None:
+        monkeypatch.delenv("ATTNLAB_KERNEL_ISA")
+    else:
+        monkeypatch.setenv("ATTNLAB_KERNEL_ISA", was)
     assert type(_served(q, k, v)) is torch.Tensor
     cheap.clear()
     assert type(_served(q, k, v)) is str
@@ -514,7 +519,6 @@ def test_the_c_entry_reads_the_switches_from_os_environ_where_there_is_no_dict(m
     """Where os.environ has no `_data` dict (Windows), the switches are read from os.environ
     itself, a new value object each read: compared by value, never held past the call."""
     import ctypes
-    import os
 
     from attnlab.ops import sdpa
     from attnlab.ops.kernels import build
@@ -533,8 +537,8 @@ def test_the_c_entry_reads_the_switches_from_os_environ_where_there_is_no_dict(m
         install(os.environ, "ATTNLAB_KERNEL", "ATTNLAB_KERNEL_ISA")
         cheap.clear()
         layout = _served(q, k, v)
-        assert cheap._C[0][1](layout, 0.0, False, None, False, None, None, False, "1", None,
-                              False, False, None, False)
+        assert cheap._C[0][1](layout, 0.0, False, None, False, None, None, False, "1",
+                              os.environ.get("ATTNLAB_KERNEL_ISA"), False, False, None, False)
         for _ in range(3):
             assert type(_served(q, k, v)) is torch.Tensor
         monkeypatch.setenv("ATTNLAB_KERNEL", "on")  # another value: not served
