@@ -16,12 +16,13 @@ of S: that the kernel is available, and for a call without a mask that it can ru
 A step with another S redoes exactly what depends on S, with the full path's own functions:
 key and value of one length (else the full path says what is wrong), the structured mask checked
 and simplified for (L, S) (`validate._structured`; an error: the full path raises it) and the
-choice (`decode.takes`, which is "auto"'s answer for a call of this signature: at least MIN_KEYS
-keys, and the bytes of a plain one-head-per-kv-head cache); a step it does not give the decode
+choice (`decode.takes`, which is "auto"'s answer for a call of this signature: at least
+`decode.min_keys` keys); a step it does not give the decode
 kernel takes the full path. The step then runs as `dispatch.run` runs the decode backend
 (its `checked`: the kernel checks what it reads; NaN/Inf cleaned and poisoned by the rules).
 
-A plan without a mask whose signature was read in C (its step: the kernel's op alone, `_lean`) is
+A plan without a mask (or with `_every_key`'s one) whose signature was read in C (its step: the
+kernel's op alone, `_lean`) is
 also kept in the kernel's C table (csrc/decode_serve.cpp), which `attention` asks first (`serve`):
 one C call that reads the S-free signature, finds the plan under it, the call's scalars, its mask
 object and the kernel's switches exactly as `find` keys them, and runs the plan's build's C step,
@@ -113,7 +114,8 @@ def find(query, key, value, dropout_p, is_causal, scale, enable_gqa, mask, softc
         return sig, None
     _PLANS.move_to_end(sig)
     lean = step.lean
-    if lean is not None:  # no mask: the op's own (B, H, L, Dv), unless a row read is not finite
+    if lean is not None:  # every key attended: the op's own (B, H, L, Dv), unless a row read
+        # is not finite
         fast, op, scale_, softcap_, least = lean  # the op as a C function: it checks the step
         got = None if fast is None else fast(query, key, value, scale_, softcap_, least)
         if got is None:  # declined (a mode must see the op) or no C step: torch.ops, same checks

@@ -61,17 +61,9 @@ def takes(p: Problem, need_lse: bool = False) -> bool:
     the decode kernel reads as fast as SDPA's kernel or faster). A shorter plain call with one
     query head per key/value head is SDPA's. (Forced, the decode kernel runs any number of rows,
     exactly but not fast.)"""
-    if p.dims.L > MAX_ROWS or p.dims.S < MIN_KEYS:
-        return False
-    if _plain_mha(p, need_lse) and not _streams_faster(p):
+    if p.dims.L > MAX_ROWS or min_keys(p, need_lse) > p.dims.S:
         return False
     return why_not(p) is None
-
-
-def _streams_faster(p: Problem) -> bool:
-    """A plain one-head-per-kv-head cache the decode kernel reads faster than SDPA's: at least
-    MHA_MIN_KEYS keys."""
-    return p.dims.S >= MHA_MIN_KEYS
 
 
 def min_keys(p: Problem, need_lse: bool = False) -> int:
